@@ -1,0 +1,19 @@
+"""vitlab: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021)."""
+
+from .config import ViTConfig, list_models
+from .flops import count_flops, count_params
+from .model import VisionTransformer, create_model
+from .posembed import resample_pos_embed, sincos_2d
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ViTConfig",
+    "VisionTransformer",
+    "count_flops",
+    "count_params",
+    "create_model",
+    "list_models",
+    "resample_pos_embed",
+    "sincos_2d",
+]

@@ -1,0 +1,220 @@
+"""`ViTConfig` and the table of named variants (paper Table 1; Ti and S from DeiT / AugReg).
+
+Variants are data, not functions: one row per model, one `ViTConfig.from_name(name, **overrides)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+POOLS = ("token", "gap")
+POS_EMBEDS = ("learned", "sincos2d", "none")
+RESIZE_MODES = ("jax", "bilinear", "bicubic")
+
+
+@dataclass
+class ViTConfig:
+    """Everything that fixes a Vision Transformer's architecture.
+
+    Attributes:
+        img_size: Input resolution the position embeddings are built for; an int or (H, W).
+        patch_size: P, the side of each square patch (paper Sec. 3.1).
+        in_chans: Input channels (3 for RGB, 1 for greyscale).
+        num_classes: Classes of the head; 0 gives no head (features only).
+        embed_dim: D, the width of every token.
+        depth: L, the number of Transformer blocks.
+        num_heads: Attention heads per block.
+        mlp_dim: Hidden width of each block's MLP.
+        pool: "token" reads the class token (Eq. 4); "gap" averages the patch tokens.
+        class_token: Prepend a learned class token.
+        pos_embed: "learned" (the paper's 1-D table), "sincos2d" (fixed, big_vision), or "none".
+        representation_size: Width of the pre-training pre-logits layer (Dense + tanh); None for none.
+        dropout: Dropout after the position embeddings and inside the MLP / attention projection.
+        attn_dropout: Dropout on the attention weights.
+        drop_path: Stochastic-depth rate, rising linearly to this value over the blocks.
+        layer_norm_eps: LayerNorm epsilon (1e-6 as in Google's code).
+        qkv_bias: Biases on the query/key/value projection.
+        pos_embed_resize: How learned position embeddings are resampled on the fly for other input sizes.
+        name: The variant this config came from, if any (informational).
+    """
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    pool: str = "token"
+    class_token: bool = True
+    pos_embed: str = "learned"
+    representation_size: int | None = None
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    layer_norm_eps: float = 1e-6
+    qkv_bias: bool = True
+    pos_embed_resize: str = "bicubic"
+    name: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.img_size, list):
+            self.img_size = tuple(self.img_size)
+        self.validate()
+
+    # -- validation, in one place -------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent field."""
+
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ViTConfig.{name} must be a positive int, got {value!r}")
+
+        for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim"):
+            positive_int(name)
+        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
+            raise ValueError(f"ViTConfig.num_classes must be an int >= 0, got {self.num_classes!r}")
+        h, w = self.img_hw
+        for side, value in (("height", h), ("width", w)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ViTConfig.img_size {side} must be a positive int, got {self.img_size!r}")
+            if value % self.patch_size:
+                raise ValueError(
+                    f"ViTConfig.img_size {side} {value} is not divisible by patch_size {self.patch_size}"
+                )
+        if self.embed_dim % self.num_heads:
+            raise ValueError(
+                f"ViTConfig.embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
+            )
+        if self.pool not in POOLS:
+            raise ValueError(f"ViTConfig.pool must be one of {POOLS}, got {self.pool!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            raise ValueError(f"ViTConfig.pos_embed must be one of {POS_EMBEDS}, got {self.pos_embed!r}")
+        if self.pos_embed_resize not in RESIZE_MODES:
+            raise ValueError(
+                f"ViTConfig.pos_embed_resize must be one of {RESIZE_MODES}, got {self.pos_embed_resize!r}"
+            )
+        if self.pool == "token" and not self.class_token:
+            raise ValueError("ViTConfig.pool='token' needs class_token=True (use pool='gap' without one)")
+        if self.pos_embed == "sincos2d" and self.embed_dim % 4:
+            raise ValueError(f"ViTConfig.pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
+        if self.representation_size is not None:
+            if isinstance(self.representation_size, bool) or not isinstance(self.representation_size, int):
+                raise ValueError(f"ViTConfig.representation_size must be None or an int, got {self.representation_size!r}")
+            if self.representation_size <= 0:
+                raise ValueError(f"ViTConfig.representation_size must be positive, got {self.representation_size}")
+        for name in ("dropout", "attn_dropout", "drop_path"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+                raise ValueError(f"ViTConfig.{name} must be a probability in [0, 1), got {value!r}")
+        if not isinstance(self.layer_norm_eps, int | float) or self.layer_norm_eps <= 0:
+            raise ValueError(f"ViTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+
+    # -- derived quantities -------------------------------------------------------------------------
+    @property
+    def img_hw(self) -> tuple[int, int]:
+        """(H, W) of the input the position embeddings are built for."""
+        if isinstance(self.img_size, tuple):
+            if len(self.img_size) != 2:
+                raise ValueError(f"ViTConfig.img_size must be an int or (H, W), got {self.img_size!r}")
+            return self.img_size
+        return (self.img_size, self.img_size)
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """(H/P, W/P): the patch grid."""
+        h, w = self.img_hw
+        return (h // self.patch_size, w // self.patch_size)
+
+    @property
+    def num_patches(self) -> int:
+        """N = HW / P^2."""
+        gh, gw = self.grid_size
+        return gh * gw
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return 1 if self.class_token else 0
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens the encoder sees: N plus the class token."""
+        return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def head_dim(self) -> int:
+        return self.embed_dim // self.num_heads
+
+    # -- (de)serialisation --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if isinstance(d["img_size"], tuple):
+            d["img_size"] = list(d["img_size"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> ViTConfig:
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        return dataclasses.replace(self, **overrides)
+
+    @classmethod
+    def from_name(cls, name: str, **overrides: Any) -> ViTConfig:
+        """Build the config of a named variant ("ViT-B/16", "vit_base_patch16", "B/16", ...)."""
+        key = canonical_name(name)
+        cfg = cls(**VARIANTS[key], name=key)
+        return cfg.replace(**overrides) if overrides else cfg
+
+
+# The ladder. Widths/depths/MLP/heads: paper Table 1 (B, L, H); Ti and S: DeiT (Touvron et al. 2021),
+# the sizes AugReg (Steiner et al. 2021) released. Patch size is part of the name.
+_WIDTHS: dict[str, dict[str, int]] = {
+    "Ti": dict(embed_dim=192, depth=12, mlp_dim=768, num_heads=3),  # DeiT-Ti / AugReg
+    "S": dict(embed_dim=384, depth=12, mlp_dim=1536, num_heads=6),  # DeiT-S / AugReg
+    "B": dict(embed_dim=768, depth=12, mlp_dim=3072, num_heads=12),  # Table 1, 86M
+    "L": dict(embed_dim=1024, depth=24, mlp_dim=4096, num_heads=16),  # Table 1, 307M
+    "H": dict(embed_dim=1280, depth=32, mlp_dim=5120, num_heads=16),  # Table 1, 632M
+}
+_NAMED = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14")
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    f"ViT-{n}": dict(_WIDTHS[n.split("/")[0]], patch_size=int(n.split("/")[1])) for n in _NAMED
+}
+
+_TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
+
+
+def canonical_name(name: str) -> str:
+    """Map "vit-b/16", "B/16", "vit_base_patch16_224" to the table key "ViT-B/16"; unknown names list the known."""
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a string, got {type(name).__name__}")
+    s = name.strip()
+    m = re.fullmatch(r"(?i)(?:vit[-_ ]?)?(ti|s|b|l|h)[/_-]?(\d+)", s)
+    if m:
+        size = {"ti": "Ti"}.get(m.group(1).lower(), m.group(1).upper())
+        key = f"ViT-{size}/{m.group(2)}"
+    else:
+        m = re.fullmatch(r"(?i)vit_(tiny|small|base|large|huge)_patch(\d+)(?:_\d+)?(?:\..*)?", s)
+        key = f"ViT-{_TIMM_SIZES[m.group(1).lower()]}/{m.group(2)}" if m else s
+    if key not in VARIANTS:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(VARIANTS)}")
+    return key
+
+
+def list_models() -> list[str]:
+    """Names of the built-in variants, smallest first."""
+    return list(VARIANTS)

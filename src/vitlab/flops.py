@@ -1,0 +1,95 @@
+"""Analytic parameter and FLOP counts (paper Table 1, plus sequence length and compute at any size).
+
+FLOPs count a multiply-add as two operations and include attention's QK^T and AV products.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import ViTConfig
+
+
+def count_params(cfg: ViTConfig) -> int:
+    """Exact trainable parameter count of `VisionTransformer(cfg)`, without building it."""
+    D, M, P, C = cfg.embed_dim, cfg.mlp_dim, cfg.patch_size, cfg.in_chans
+    n = C * P * P * D + D  # patch projection E and its bias
+    n += D if cfg.class_token else 0
+    n += cfg.seq_len * D if cfg.pos_embed == "learned" else 0
+    qkv = 3 * D * D + (3 * D if cfg.qkv_bias else 0)
+    block = 2 * 2 * D + qkv + D * D + D + D * M + M + M * D + D
+    n += cfg.depth * block + 2 * D  # blocks and the final LayerNorm
+    feat = D
+    if cfg.representation_size:
+        n += D * cfg.representation_size + cfg.representation_size
+        feat = cfg.representation_size
+    if cfg.num_classes:
+        n += feat * cfg.num_classes + cfg.num_classes
+    return n
+
+
+def count_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, backward: bool = False) -> int:
+    """FLOPs of one forward pass for one image (x3 with `backward`: forward + backward)."""
+    h, w = cfg.img_hw if img_size is None else ((img_size, img_size) if isinstance(img_size, int) else img_size)
+    P, D, M = cfg.patch_size, cfg.embed_dim, cfg.mlp_dim
+    N = (h // P) * (w // P)
+    T = N + cfg.num_prefix_tokens
+    macs = N * cfg.in_chans * P * P * D  # patch embedding
+    per_block = T * D * 3 * D + T * T * D + T * T * D + T * D * D + 2 * T * D * M
+    macs += cfg.depth * per_block
+    feat = D
+    if cfg.representation_size:
+        macs += D * cfg.representation_size
+        feat = cfg.representation_size
+    macs += feat * cfg.num_classes
+    flops = 2 * macs
+    return 3 * flops if backward else flops
+
+
+@dataclass
+class TableRow:
+    name: str
+    layers: int
+    width: int
+    mlp: int
+    heads: int
+    params: int
+    seq_224: int
+    gflops_224: float
+    seq_384: int
+    gflops_384: float
+
+
+def table1(num_classes: int = 1000) -> list[TableRow]:
+    """The paper's Table 1 for every built-in variant, with exact counts and compute at 224 and 384 px."""
+    from .config import list_models
+
+    rows = []
+    for name in list_models():
+        cfg = ViTConfig.from_name(name, num_classes=num_classes)
+        # A size that is not a multiple of P (384 for /14) is taken to the nearest multiple (378).
+        res = {s: round(s / cfg.patch_size) * cfg.patch_size for s in (224, 384)}
+        seq = {s: (r // cfg.patch_size) ** 2 + cfg.num_prefix_tokens for s, r in res.items()}
+        rows.append(
+            TableRow(
+                name=name, layers=cfg.depth, width=cfg.embed_dim, mlp=cfg.mlp_dim, heads=cfg.num_heads,
+                params=count_params(cfg),
+                seq_224=seq[224], gflops_224=count_flops(cfg, res[224]) / 1e9,
+                seq_384=seq[384], gflops_384=count_flops(cfg, res[384]) / 1e9,
+            )
+        )
+    return rows
+
+
+def format_table1(rows: list[TableRow]) -> str:
+    head = f"{'Model':<10} {'Layers':>6} {'Width':>6} {'MLP':>6} {'Heads':>5} {'Params':>13} " \
+           f"{'Seq@224':>8} {'GFLOPs@224':>11} {'Seq@384':>8} {'GFLOPs@384':>11}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.name:<10} {r.layers:>6} {r.width:>6} {r.mlp:>6} {r.heads:>5} {r.params:>13,} "
+            f"{r.seq_224:>8} {r.gflops_224:>11.2f} {r.seq_384:>8} {r.gflops_384:>11.2f}"
+        )
+    lines.append("Params with 1000 classes; FLOPs count a multiply-add as 2 and include attention; "
+                 "a size that is not a multiple of P is taken to the nearest one (H/14: 378 px).")
+    return "\n".join(lines)

@@ -1,0 +1,31 @@
+import os
+
+import pytest
+import torch
+
+# 2 cores: keep the suite deterministic and avoid oversubscription.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def perturb_(module: torch.nn.Module, scale: float = 0.02, seed: int = 0) -> torch.nn.Module:
+    """Add noise to every float tensor so none stays trivially zero or one (heads, LayerNorms, biases)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            if t.is_floating_point():
+                t.add_(torch.randn(t.shape, generator=g, dtype=t.dtype) * scale)
+    return module
+
+
+@pytest.fixture
+def fmnist_root():
+    if not os.path.isdir(FMNIST_ROOT):
+        pytest.skip("dataset-fashion-mnist not installed")
+    return FMNIST_ROOT
