@@ -10,7 +10,7 @@ import sys
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("vitlab.commands.models", "the paper's Table 1 for every built-in variant"),
-    "convert": ("vitlab.weights.cli", "convert a checkpoint (npz, timm, HF, torchvision, ours) to .safetensors or .npz"),
+    "convert": ("vitlab.weights.cli", "convert a checkpoint (npz, timm, HF, torchvision, ours) to .safetensors/.npz"),
     "train": ("vitlab.train.cli", "pre-train or fine-tune from a YAML recipe"),
     "eval": ("vitlab.train.eval_cli", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
     "predict": ("vitlab.train.predict_cli", "classify image files with a checkpoint"),

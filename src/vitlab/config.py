@@ -105,7 +105,9 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
         if self.representation_size is not None:
             if isinstance(self.representation_size, bool) or not isinstance(self.representation_size, int):
-                raise ValueError(f"ViTConfig.representation_size must be None or an int, got {self.representation_size!r}")
+                raise ValueError(
+                    f"ViTConfig.representation_size must be None or an int, got {self.representation_size!r}"
+                )
             if self.representation_size <= 0:
                 raise ValueError(f"ViTConfig.representation_size must be positive, got {self.representation_size}")
         for name in ("dropout", "attn_dropout", "drop_path"):
