@@ -1,0 +1,45 @@
+"""Looking inside a ViT the way the paper does (Sec. 4.5, Fig. 6-7) and its few-shot probe (Sec. 4.1).
+
+Every function returns numpy arrays, so you can plot your own way; `vitlab.analysis.report` draws the
+paper's figures and `vitlab analyze` / `vitlab fewshot` wrap it all on the command line.
+"""
+
+from .attention import (
+    AttentionAnalysis,
+    analyze_attention,
+    attention_rollout,
+    iter_attention,
+    mean_attention_distance,
+    patch_distances,
+    rollout_step,
+    token_maps,
+    upsample_maps,
+)
+from .fewshot import FewShotResult, RidgeClassifier, draw_shots, extract_features, fewshot_evaluate, fit_ridge
+from .filters import FilterPCA, components_to_images, filter_pca, patch_embedding_filters
+from .posembed_sim import pos_embed_similarity, position_embedding_grid, similarity_by_distance
+
+__all__ = [
+    "AttentionAnalysis",
+    "FewShotResult",
+    "FilterPCA",
+    "RidgeClassifier",
+    "analyze_attention",
+    "attention_rollout",
+    "components_to_images",
+    "draw_shots",
+    "extract_features",
+    "fewshot_evaluate",
+    "filter_pca",
+    "fit_ridge",
+    "iter_attention",
+    "mean_attention_distance",
+    "patch_distances",
+    "patch_embedding_filters",
+    "pos_embed_similarity",
+    "position_embedding_grid",
+    "rollout_step",
+    "similarity_by_distance",
+    "token_maps",
+    "upsample_maps",
+]
