@@ -4,6 +4,7 @@ from .config import ViTConfig, list_models
 from .flops import count_flops, count_params
 from .model import VisionTransformer, create_model
 from .posembed import resample_pos_embed, sincos_2d
+from .weights import load_model, load_weights, save_weights
 
 __version__ = "0.1.0"
 
@@ -14,6 +15,9 @@ __all__ = [
     "count_params",
     "create_model",
     "list_models",
+    "load_model",
+    "load_weights",
     "resample_pos_embed",
+    "save_weights",
     "sincos_2d",
 ]

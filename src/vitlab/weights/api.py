@@ -1,0 +1,162 @@
+"""The three calls most users need: `load_weights`, `save_weights`, `load_model` (and `read_metadata`)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config import RESIZE_MODES, ViTConfig
+from ..model import VisionTransformer
+from . import npz, ours
+from .apply import apply_state_dict
+from .checkpoint import Checkpoint, read_checkpoint
+from .infer import infer_config
+from .report import LoadReport, WeightsError
+
+log = logging.getLogger("vitlab.weights")
+
+
+def load_weights(
+    model: VisionTransformer,
+    path: str | Path,
+    *,
+    pos_embed_resize: str | None = None,
+    strict: bool = True,
+) -> LoadReport:
+    """Load a checkpoint of any supported format into `model`, in place.
+
+    Formats (detected from the contents): vitlab `.safetensors`, Google vit_jax `.npz` (with or without the
+    `opt/target/` prefix), timm state dicts (`.pth` / `.bin` / `.safetensors`), transformers ViT directories or
+    weight files, torchvision ViT state dicts. Pickles are read with `torch.load(weights_only=True)` only.
+
+    Position embeddings on another grid are resampled on the 2-D grid (class-token row kept); a head with
+    another class count is replaced by a zero-initialised one; a pre-logits layer the model lacks is dropped
+    with a warning.
+
+    Args:
+        model: The destination, built with the architecture of the checkpoint (image size and classes may differ).
+        path: File or directory.
+        pos_embed_resize: "jax" | "bilinear" | "bicubic"; default "jax" for `.npz`, "bicubic" otherwise.
+        strict: Raise when tensors are missing or left over (see `apply_state_dict`).
+
+    Returns:
+        What was loaded, resampled, replaced, dropped and missing.
+
+    Example:
+        >>> report = vitlab.load_weights(model, "ViT-B_16.npz")  # doctest: +SKIP
+        >>> print(report)  # doctest: +SKIP
+    """
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"load_weights needs a vitlab VisionTransformer, got {type(model).__name__}")
+    if pos_embed_resize is not None and pos_embed_resize not in RESIZE_MODES:
+        raise ValueError(f"pos_embed_resize must be one of {RESIZE_MODES}, got {pos_embed_resize!r}")
+    ckpt = read_checkpoint(path)
+    return _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
+
+
+def _apply(model: VisionTransformer, ckpt: Checkpoint, report: LoadReport, resize: str | None,
+           strict: bool) -> LoadReport:
+    apply_state_dict(model, ckpt.state, report, src_grid=ckpt.grid, resize=resize or ckpt.default_resize,
+                     strict=strict)
+    for msg in report.messages:
+        log.info("%s: %s", report.source, msg)
+    return report
+
+
+def save_weights(
+    model: VisionTransformer,
+    path: str | Path,
+    metadata: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
+) -> Path:
+    """Write `model`'s weights; the format follows the suffix, and the file is written atomically.
+
+    `.safetensors`: our format, the ViTConfig and `metadata` (any JSON: recipe, metrics, class names) in the
+    header, so `load_model(path)` needs nothing else. `.npz`: Google's vit_jax names, readable by vit_jax and
+    by timm's `_load_weights` (the config is not stored; `load_model` infers it, heads included).
+
+    Args:
+        model: A vitlab VisionTransformer.
+        path: Destination ending in `.safetensors` or `.npz`.
+        metadata: JSON-serialisable dict stored with a `.safetensors` file (read back by `read_metadata`).
+        overwrite: Replace an existing file (otherwise FileExistsError).
+
+    Returns:
+        The path written.
+    """
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"save_weights needs a vitlab VisionTransformer, got {type(model).__name__}")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
+    path = Path(path)
+    state = model.state_dict()
+    if any(t.is_meta for t in state.values()):
+        raise ValueError("the model is on the meta device (no data); materialise it before saving")
+    if path.suffix == ".safetensors":
+        return ours.save_safetensors(state, path, model.cfg, metadata, overwrite)
+    if path.suffix == ".npz":
+        arrays, notes = npz.from_ours(state, model.cfg)
+        for note in notes:
+            log.info("%s: %s", path, note)
+        if metadata:
+            log.warning("%s: .npz files carry no metadata; %d metadata key(s) not written", path, len(metadata))
+        return npz.save_npz(arrays, path, overwrite)
+    raise ValueError(f"cannot tell the format of {path}: use a .safetensors (vitlab) or .npz (Google) suffix")
+
+
+def load_model(
+    path: str | Path,
+    *,
+    pos_embed_resize: str | None = None,
+    return_report: bool = False,
+    **overrides: Any,
+) -> VisionTransformer | tuple[VisionTransformer, LoadReport]:
+    """Build the model a checkpoint was made with and load it, from the file alone.
+
+    The architecture comes from the stored ViTConfig (our `.safetensors`, or a config.json beside the file), a
+    transformers config.json, or else the tensor shapes (see `vitlab.weights.infer`); what was inferred is
+    logged and listed in the report. `overrides` change config fields before loading, e.g. `num_classes=10`
+    (new zero head) or `img_size=384` (position embeddings resampled).
+
+    Returns:
+        The model in eval mode, and with `return_report` the LoadReport too.
+    """
+    ckpt = read_checkpoint(path)
+    report = LoadReport(str(ckpt.source), ckpt.format)
+    if ckpt.config is not None:
+        cfg = ckpt.config
+    else:
+        cfg, report.inferred, notes = infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))
+        report.messages.extend(notes)
+        log.info("%s: inferred from tensor shapes: %s", ckpt.source,
+                 ", ".join(f"{k}={v}" for k, v in report.inferred.items()))
+    if overrides:
+        cfg = cfg.replace(**overrides)
+    try:
+        model = VisionTransformer(cfg)
+    except ValueError as e:
+        raise WeightsError(f"{ckpt.source}: cannot build the model: {e}") from e
+    _apply(model, ckpt, report, pos_embed_resize, strict=True)
+    model.eval()
+    return (model, report) if return_report else model
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """The metadata stored with a checkpoint: for ours, exactly the dict given to `save_weights`; for a
+    transformers checkpoint, {"class_names": [...]} from its id2label; otherwise {}."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".safetensors":
+        header = ours.read_header(path)
+        if ours.CONFIG_KEY in header or ours.META_KEY in header:
+            return ours.read_meta(path)
+    return read_checkpoint(path).meta
+
+
+def read_config(path: str | Path) -> ViTConfig:
+    """The ViTConfig of a checkpoint: stored, from its config.json, or inferred from its tensor shapes."""
+    ckpt = read_checkpoint(path)
+    if ckpt.config is not None:
+        return ckpt.config
+    return infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]

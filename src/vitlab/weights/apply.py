@@ -1,0 +1,176 @@
+"""Copy a state dict in our (timm's) names into a model: resample position embeddings, replace a head of
+another class count, drop what the model has no place for, and refuse what cannot be made to fit."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from ..model import VisionTransformer
+from ..posembed import infer_grid, resample_pos_embed
+from .report import LoadReport, ShapeMismatchError, WeightsError, WeightsWarning
+
+_HEAD = ("head.weight", "head.bias")
+
+
+def apply_state_dict(
+    model: VisionTransformer,
+    state: dict[str, torch.Tensor],
+    report: LoadReport,
+    *,
+    src_grid: tuple[int, int] | None = None,
+    resize: str = "bicubic",
+    strict: bool = True,
+) -> LoadReport:
+    """Load `state` (timm names) into `model` in place, recording every decision in `report`.
+
+    Args:
+        model: The destination.
+        state: Tensors named as in `model.state_dict()`.
+        report: Filled in and returned.
+        src_grid: The checkpoint's patch grid (gh, gw); inferred as square when None.
+        resize: Position-embedding resampling mode ("jax", "bilinear", "bicubic").
+        strict: Raise on checkpoint tensors the model has no place for, and on missing ones (other than the
+            head, which fine-tuning replaces anyway). With False they are only listed in the report.
+
+    Raises:
+        ShapeMismatchError: a tensor's shape differs and neither resampling nor head replacement applies.
+        WeightsError: with `strict`, missing or unexpected tensors.
+    """
+    target = model.state_dict()
+    state = dict(state)
+    updates: dict[str, torch.Tensor] = {}
+
+    # Pre-logits (the paper's pre-training hidden layer): kept when the model has one, else dropped.
+    pre = sorted(k for k in state if k.startswith("pre_logits."))
+    if pre and "pre_logits.fc.weight" not in target:
+        rep = state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else "?"
+        for k in pre:
+            state.pop(k)
+        report.dropped.extend(pre)
+        msg = (f"dropped the checkpoint's pre-logits layer (Dense + tanh, width {rep}) because the model has "
+               f"representation_size=None; build it with representation_size={rep} to keep it")
+        report.messages.append(msg)
+        warnings.warn(f"{report.source}: {msg}", WeightsWarning, stacklevel=4)
+
+    # The classifier head.
+    if "head.weight" in state:
+        if "head.weight" not in target:
+            for k in _HEAD:
+                if k in state:
+                    state.pop(k)
+                    report.dropped.append(k)
+            report.messages.append("dropped the checkpoint's head: the model has num_classes=0")
+        elif state["head.weight"].shape != target["head.weight"].shape:
+            src_w, dst_w = state["head.weight"], target["head.weight"]
+            if src_w.dim() != 2 or src_w.shape[1] != dst_w.shape[1]:
+                raise ShapeMismatchError(
+                    f"{report.source}: head.weight is {tuple(src_w.shape)} in the checkpoint but "
+                    f"{tuple(dst_w.shape)} in the model, and its input width differs too"
+                )
+            for k in _HEAD:
+                state.pop(k, None)
+            _zero_head(model)
+            report.replaced.extend(_HEAD)
+            report.messages.append(
+                f"replaced the head: checkpoint has {src_w.shape[0]} classes, the model {dst_w.shape[0]}; "
+                "the new head is zero-initialised (paper Sec. 3.2)"
+            )
+        elif not state["head.weight"].any() and not state.get("head.bias", torch.zeros(1)).any():
+            msg = ("the checkpoint's head is all zeros (as in the raw ImageNet-21k pre-training checkpoints): "
+                   "its logits are constant; fine-tune a new head (num_classes=...) before using it to classify")
+            report.messages.append(msg)
+            if report.format == "npz":  # the released pre-training files; our own untrained saves are no news
+                warnings.warn(f"{report.source}: {msg}", WeightsWarning, stacklevel=4)
+    elif "head.weight" in target:
+        _zero_head(model)
+        report.replaced.extend(_HEAD)
+        report.messages.append("the checkpoint has no head; the model's head is zero-initialised")
+
+    # Position embeddings on another grid: resample on the 2-D grid, prefix (class token) rows kept.
+    if "pos_embed" in state and "pos_embed" in target:
+        src, dst = state["pos_embed"], target["pos_embed"]
+        if src.dim() == 2:
+            src = src[None]
+        if src.shape != dst.shape:
+            if src.dim() != 3 or src.shape[-1] != dst.shape[-1]:
+                raise ShapeMismatchError(
+                    f"{report.source}: pos_embed is {tuple(state['pos_embed'].shape)} in the checkpoint but "
+                    f"{tuple(dst.shape)} in the model (different width)"
+                )
+            prefix = model.num_prefix_tokens
+            n = src.shape[1] - prefix
+            try:
+                grid = tuple(src_grid) if src_grid is not None else infer_grid(n)
+            except ValueError as e:
+                raise ShapeMismatchError(f"{report.source}: cannot resample pos_embed: {e}") from None
+            if grid[0] * grid[1] != n:
+                raise ShapeMismatchError(
+                    f"{report.source}: pos_embed has {n} patch rows, which does not fit the checkpoint's grid {grid}"
+                )
+            src = resample_pos_embed(src.float(), model.grid_size, grid, prefix, resize)
+            report.resampled["pos_embed"] = (
+                f"grid {grid[0]}x{grid[1]} -> {model.grid_size[0]}x{model.grid_size[1]} ({resize}), "
+                f"{prefix} prefix row(s) kept"
+            )
+        updates["pos_embed"] = src
+
+    # Everything else must match exactly.
+    for name, dst in target.items():
+        if name in updates or name in report.replaced:
+            continue
+        if name not in state:
+            report.missing.append(name)
+            continue
+        src = state[name]
+        if tuple(src.shape) != tuple(dst.shape):
+            raise ShapeMismatchError(
+                f"{report.source}: {name} is {tuple(src.shape)} in the checkpoint but {tuple(dst.shape)} in the "
+                f"model ({model.cfg.name or 'config'}: {_hint(name)}); build the model with the checkpoint's "
+                "architecture, e.g. vitlab.load_model(path)"
+            )
+        updates[name] = src
+    report.unexpected.extend(sorted(k for k in state if k not in target))
+    if strict and (report.missing or report.unexpected):
+        parts = []
+        if report.missing:
+            parts.append(f"missing from the checkpoint: {_few(report.missing)}")
+        if report.unexpected:
+            parts.append(f"in the checkpoint but not in the model: {_few(report.unexpected)}")
+        raise WeightsError(
+            f"{report.source} ({report.format}) does not fit the model: {'; '.join(parts)}. "
+            "Build the model with the checkpoint's architecture (vitlab.load_model) or pass strict=False"
+        )
+
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        params.update(dict(model.named_buffers()))
+        for name, value in updates.items():
+            params[name].copy_(value.to(dtype=params[name].dtype))
+            report.loaded.append(name)
+    return report
+
+
+def _zero_head(model: VisionTransformer) -> None:
+    if isinstance(model.head, nn.Linear):
+        with torch.no_grad():
+            model.head.weight.zero_()
+            model.head.bias.zero_()
+
+
+def _hint(name: str) -> str:
+    if name.startswith("patch_embed"):
+        return "patch size or input channels differ"
+    if name in ("cls_token", "norm.weight", "norm.bias"):
+        return "width differs"
+    if ".mlp." in name:
+        return "width or MLP size differ"
+    if ".attn." in name or ".norm" in name:
+        return "width differs"
+    return "architecture differs"
+
+
+def _few(names: list[str], k: int = 8) -> str:
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")

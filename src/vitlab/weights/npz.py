@@ -1,0 +1,176 @@
+"""Google's official vit_jax `.npz` checkpoints, to and from our names.
+
+The file is a flat NumPy archive of the Flax parameter tree, keys joined by "/" (optionally under an
+`opt/target/` prefix, as the original release has them). Flax Dense kernels are (in, out), the transpose of
+PyTorch's (out, in); the patch embedding is an HWIO convolution (P, P, C, D); attention keeps heads separate:
+query/key/value kernels (D, heads, head_dim), biases (heads, head_dim), the output kernel (heads, head_dim, D).
+
+    embedding/{kernel,bias}                                           patch_embed.proj
+    cls                                                               cls_token
+    Transformer/posembed_input/pos_embedding                          pos_embed
+    Transformer/encoderblock_{i}/LayerNorm_0/{scale,bias}             blocks.{i}.norm1
+    Transformer/encoderblock_{i}/MultiHeadDotProductAttention_1/      blocks.{i}.attn.qkv (q, k, v), .attn.proj (out)
+        {query,key,value,out}/{kernel,bias}
+    Transformer/encoderblock_{i}/LayerNorm_2/{scale,bias}             blocks.{i}.norm2
+    Transformer/encoderblock_{i}/MlpBlock_3/Dense_{0,1}/{kernel,bias} blocks.{i}.mlp.fc1, .fc2
+    Transformer/encoder_norm/{scale,bias}                             norm
+    pre_logits/{kernel,bias}                                          pre_logits.fc
+    head/{kernel,bias}                                                head
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import ViTConfig
+from ..posembed import sincos_2d
+from .io import atomic_output
+from .report import WeightsError
+
+PREFIX = "opt/target/"
+_BLOCK_RE = re.compile(r"Transformer/encoderblock_(\d+)/(.+)")
+_ATTN = "MultiHeadDotProductAttention_1"
+_LN = {"LayerNorm_0": "norm1", "LayerNorm_2": "norm2"}
+_DENSE = {"MlpBlock_3/Dense_0": "mlp.fc1", "MlpBlock_3/Dense_1": "mlp.fc2"}
+_LN_PARAM = {"scale": "weight", "bias": "bias"}
+
+
+def matches(keys: set[str]) -> bool:
+    """True for a vit_jax parameter archive."""
+    return "embedding/kernel" in keys or PREFIX + "embedding/kernel" in keys
+
+
+def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Convert a vit_jax archive to our tensors; also returns the config fields it fixes (num_heads, ...)."""
+    if PREFIX + "embedding/kernel" in arrays:
+        arrays = {k.removeprefix(PREFIX): v for k, v in arrays.items() if k.startswith(PREFIX)}
+    if "conv_root/kernel" in arrays:
+        raise WeightsError(f"{source}: an R50+ViT hybrid checkpoint (conv_root/...); only pure ViT is supported")
+    if "embedding/kernel" not in arrays:
+        if any(k.startswith("params/") for k in arrays):
+            raise WeightsError(f"{source}: a big_vision checkpoint (params/...); only vit_jax .npz files are read")
+        raise WeightsError(f"{source}: no 'embedding/kernel': not a vit_jax ViT checkpoint")
+
+    def t(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    out: dict[str, torch.Tensor] = {}
+    hints: dict[str, Any] = {}
+    qkv: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for key, a in arrays.items():
+        if key == "embedding/kernel":
+            if a.ndim != 4:
+                raise WeightsError(f"{source}: embedding/kernel has shape {a.shape}; expected (P, P, C, D)")
+            out["patch_embed.proj.weight"] = t(a.transpose(3, 2, 0, 1))  # (P, P, C, D) -> (D, C, P, P)
+        elif key == "embedding/bias":
+            out["patch_embed.proj.bias"] = t(a)
+        elif key == "cls":
+            out["cls_token"] = t(a.reshape(1, 1, -1))
+        elif key == "Transformer/posembed_input/pos_embedding":
+            out["pos_embed"] = t(a.reshape(1, -1, a.shape[-1]))  # (1, T, D)
+        elif key.startswith("Transformer/encoder_norm/"):
+            out[f"norm.{_LN_PARAM[key.rsplit('/', 1)[1]]}"] = t(a)
+        elif key in ("head/kernel", "pre_logits/kernel"):
+            out[f"{'head' if key.startswith('head') else 'pre_logits.fc'}.weight"] = t(a.T)  # (in, out) -> (out, in)
+        elif key in ("head/bias", "pre_logits/bias"):
+            out[f"{'head' if key.startswith('head') else 'pre_logits.fc'}.bias"] = t(a)
+        elif m := _BLOCK_RE.fullmatch(key):
+            i, rest = m.groups()
+            module, param = rest.rsplit("/", 1)
+            if module in _LN and param in _LN_PARAM:
+                out[f"blocks.{i}.{_LN[module]}.{_LN_PARAM[param]}"] = t(a)
+            elif module in _DENSE and param in ("kernel", "bias"):
+                out[f"blocks.{i}.{_DENSE[module]}.{'weight' if param == 'kernel' else 'bias'}"] = \
+                    t(a.T if param == "kernel" else a)
+            elif module == f"{_ATTN}/out":
+                if param == "kernel":  # (heads, hd, D) -> (D, heads * hd)
+                    out[f"blocks.{i}.attn.proj.weight"] = t(a.reshape(-1, a.shape[-1]).T)
+                else:
+                    out[f"blocks.{i}.attn.proj.bias"] = t(a)
+            elif module.startswith(f"{_ATTN}/") and module.split("/")[1] in ("query", "key", "value"):
+                qkv.setdefault((i, param), {})[module.split("/")[1]] = a
+                if param == "kernel":
+                    hints["num_heads"] = int(a.shape[1])  # (D, heads, hd): the only format that stores heads
+            else:
+                raise WeightsError(f"{source}: unknown vit_jax parameter {key!r}")
+        else:
+            raise WeightsError(f"{source}: unknown vit_jax parameter {key!r}")
+    for (i, param), parts in qkv.items():
+        if set(parts) != {"query", "key", "value"}:
+            raise WeightsError(f"{source}: encoderblock_{i} lacks one of query/key/value {param}")
+        if param == "kernel":  # each (D, heads, hd) -> (heads * hd, D), stacked q, k, v -> (3D, D)
+            w = np.concatenate([parts[n].reshape(parts[n].shape[0], -1).T for n in ("query", "key", "value")])
+            out[f"blocks.{i}.attn.qkv.weight"] = t(w)
+        else:
+            b = np.concatenate([parts[n].reshape(-1) for n in ("query", "key", "value")])  # (3D,)
+            out[f"blocks.{i}.attn.qkv.bias"] = t(b)
+    if "cls_token" not in out:
+        hints.update(class_token=False, pool="gap")  # vit_jax's classifier="gap" has no class token
+    return out, hints
+
+
+def from_ours(state: dict[str, torch.Tensor], cfg: ViTConfig) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Our tensors as a vit_jax archive (no prefix), plus notes on anything that had to be made explicit."""
+    notes: list[str] = []
+    H, hd, D = cfg.num_heads, cfg.head_dim, cfg.embed_dim
+
+    def n(x: torch.Tensor) -> np.ndarray:
+        return x.detach().to("cpu", torch.float32).numpy()
+
+    out: dict[str, np.ndarray] = {
+        "embedding/kernel": n(state["patch_embed.proj.weight"]).transpose(2, 3, 1, 0),  # (D, C, P, P) -> HWIO
+        "embedding/bias": n(state["patch_embed.proj.bias"]),
+        "Transformer/encoder_norm/scale": n(state["norm.weight"]),
+        "Transformer/encoder_norm/bias": n(state["norm.bias"]),
+    }
+    if "cls_token" in state:
+        out["cls"] = n(state["cls_token"])  # (1, 1, D)
+    if "pos_embed" in state:
+        pos = n(state["pos_embed"])
+    else:  # vit_jax always adds a table: write ours explicitly so the network computes the same function
+        pos = np.zeros((1, cfg.seq_len, D), np.float32)
+        if cfg.pos_embed == "sincos2d":
+            pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, D).numpy()
+            notes.append("wrote the fixed sin-cos table as Transformer/posembed_input/pos_embedding")
+        else:
+            notes.append("the model has no position embeddings: wrote a zero table")
+    out["Transformer/posembed_input/pos_embedding"] = pos
+    for i in range(cfg.depth):
+        b, g = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        for ln, ours in _LN.items():
+            out[f"{g}{ln}/scale"] = n(state[f"{b}{ours}.weight"])
+            out[f"{g}{ln}/bias"] = n(state[f"{b}{ours}.bias"])
+        w = n(state[f"{b}attn.qkv.weight"])  # (3D, D)
+        bias = n(state[f"{b}attn.qkv.bias"]) if f"{b}attn.qkv.bias" in state else np.zeros(3 * D, np.float32)
+        for j, name in enumerate(("query", "key", "value")):
+            out[f"{g}{_ATTN}/{name}/kernel"] = w[j * D : (j + 1) * D].T.reshape(D, H, hd)
+            out[f"{g}{_ATTN}/{name}/bias"] = bias[j * D : (j + 1) * D].reshape(H, hd)
+        out[f"{g}{_ATTN}/out/kernel"] = n(state[f"{b}attn.proj.weight"]).T.reshape(H, hd, D)
+        out[f"{g}{_ATTN}/out/bias"] = n(state[f"{b}attn.proj.bias"])
+        for dense, ours in _DENSE.items():
+            out[f"{g}{dense}/kernel"] = n(state[f"{b}{ours}.weight"]).T
+            out[f"{g}{dense}/bias"] = n(state[f"{b}{ours}.bias"])
+    if not cfg.qkv_bias:
+        notes.append("the model has no q/k/v biases: wrote zeros")
+    if "pre_logits.fc.weight" in state:
+        out["pre_logits/kernel"] = n(state["pre_logits.fc.weight"]).T
+        out["pre_logits/bias"] = n(state["pre_logits.fc.bias"])
+    if "head.weight" in state:
+        out["head/kernel"] = n(state["head.weight"]).T
+        out["head/bias"] = n(state["head.bias"])
+    if cfg.pool == "gap" and cfg.class_token:
+        notes.append("pool='gap' with a class token has no vit_jax classifier setting; the reader must choose it")
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}, notes
+
+
+def save_npz(arrays: dict[str, np.ndarray], path: str | Path, overwrite: bool = False) -> Path:
+    """Write the archive atomically (uncompressed, as Google's files are)."""
+    path = Path(path)
+    with atomic_output(path, overwrite) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    return path

@@ -1,0 +1,83 @@
+"""Our own format: a `.safetensors` file whose metadata holds the `ViTConfig` and free-form JSON.
+
+Header metadata (all strings, as safetensors requires):
+    "format": "pt"
+    "vitlab.config": the ViTConfig as JSON (`ViTConfig.to_dict()`)
+    "vitlab.meta": free-form JSON from the caller (recipe, metrics, class names, ...)
+    "vitlab.version": the vitlab version that wrote it
+Tensor names are the model's own (timm's), so the file also loads into timm with `load_state_dict`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from ..config import ViTConfig
+from .io import atomic_output
+from .report import WeightsError
+
+CONFIG_KEY = "vitlab.config"
+META_KEY = "vitlab.meta"
+VERSION_KEY = "vitlab.version"
+
+
+def save_safetensors(
+    state: dict[str, torch.Tensor],
+    path: str | Path,
+    cfg: ViTConfig | None = None,
+    metadata: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write `state` to `path` atomically with the config and `metadata` (JSON-serialisable) in the header."""
+    from .. import __version__
+
+    header = {"format": "pt", VERSION_KEY: __version__}
+    if cfg is not None:
+        header[CONFIG_KEY] = json.dumps(cfg.to_dict())
+    if metadata is not None:
+        try:
+            header[META_KEY] = json.dumps(metadata)
+        except TypeError as e:
+            raise TypeError(f"metadata must be JSON-serialisable (dicts, lists, str, numbers): {e}") from None
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    path = Path(path)
+    with atomic_output(path, overwrite) as tmp:
+        save_file(tensors, str(tmp), metadata=header)
+    return path
+
+
+def read_header(path: str | Path) -> dict[str, str]:
+    """The raw string metadata of a .safetensors file (empty when it has none)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError) as e:
+        raise WeightsError(f"could not read {path} as .safetensors: {e}") from e
+
+
+def read_config(path: str | Path) -> ViTConfig | None:
+    """The ViTConfig stored in a .safetensors header, or None for files written by others."""
+    text = read_header(path).get(CONFIG_KEY)
+    if text is None:
+        return None
+    return ViTConfig.from_dict(json.loads(text))
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The free-form metadata given to `save_weights` (empty when none was given)."""
+    text = read_header(path).get(META_KEY)
+    return {} if text is None else json.loads(text)
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a .safetensors file, on the CPU."""
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise WeightsError(f"could not read {path} as .safetensors: {e}") from e

@@ -1,0 +1,41 @@
+"""timm's ViT state dicts (`.pth` / `.bin` / `.safetensors`): the same tensor names as ours.
+
+timm's `VisionTransformer` and ours share `patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.{i}.norm1`,
+`blocks.{i}.attn.qkv`, `blocks.{i}.attn.proj`, `blocks.{i}.norm2`, `blocks.{i}.mlp.fc1/fc2`, `norm`, `head`
+(and older timm's `pre_logits.fc`), so nothing is renamed. Options of timm's that change the function and that
+our model does not have are refused by name rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .report import WeightsError
+
+# timm-only tensors whose presence means a different network (key fragment -> what it is).
+_UNSUPPORTED = {
+    "fc_norm.": "a LayerNorm after pooling (timm global_pool='avg' with fc_norm); ours normalises before pooling "
+                "(Google's 'gap'). Rebuild the timm model with fc_norm=False",
+    "norm_pre.": "a LayerNorm before the blocks (CLIP-style pre_norm)",
+    "reg_token": "register tokens",
+    ".ls1.": "LayerScale",
+    ".ls2.": "LayerScale",
+    "attn.q_norm.": "QK normalisation",
+    "attn.k_norm.": "QK normalisation",
+    "attn_pool.": "attention pooling (MAP head)",
+    "patch_embed.backbone.": "a hybrid CNN stem (R50+ViT)",
+}
+
+
+def matches(keys: set[str]) -> bool:
+    """True for a timm (or vitlab) ViT state dict."""
+    return "patch_embed.proj.weight" in keys
+
+
+def to_ours(state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """Check a timm state dict for options we do not implement; the names need no change."""
+    for key in state:
+        for frag, what in _UNSUPPORTED.items():
+            if frag in key:
+                raise WeightsError(f"{source}: tensor {key!r} belongs to {what}, which vitlab's ViT does not have")
+    return dict(state)
