@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-maps", type=int, nargs="*", default=[], metavar="LAYER",
                    help="also draw every head's map of these layers (1-based; -1 is the last)")
     p.add_argument("--components", type=int, default=28, help="principal components of E to show (default: 28)")
+    p.add_argument("--normalize", choices=("inception", "imagenet"), default=None,
+                   help="input normalisation (default: the one stored with the checkpoint's recipe, else inception)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="replace report files already in DIR")
 
@@ -38,6 +40,20 @@ def load_checkpoint(path: str, device: torch.device) -> torch.nn.Module:
     loaded = vitlab.load_model(path)
     model = loaded[0] if isinstance(loaded, tuple) else loaded
     return model.to(device).eval()
+
+
+def data_settings(path: str, in_chans: int, normalize: str | None = None) -> dict:
+    """How the checkpoint's training saw its inputs: `normalize` from its recipe (ours; "inception" for
+    other formats, as Google's checkpoints expect) unless given, and grey data repeated for RGB models."""
+    from ..weights import read_metadata
+
+    if normalize is None:
+        try:
+            recipe_data = (read_metadata(path).get("recipe") or {}).get("data") or {}
+        except Exception:  # foreign formats carry no recipe
+            recipe_data = {}
+        normalize = recipe_data.get("normalize", "inception")
+    return {"normalize": normalize, "expand_channels": in_chans == 3}
 
 
 def expand_image_paths(paths: list[str]) -> list[str]:
@@ -73,11 +89,13 @@ def load_inputs(args: argparse.Namespace, model) -> torch.Tensor:
     from .. import data
 
     size = image_size(args, model)
+    settings = data_settings(args.checkpoint, model.cfg.in_chans, args.normalize)
     if args.images:
-        return data.load_images(expand_image_paths(args.images), img_size=size, in_chans=model.cfg.in_chans)
+        return data.load_images(expand_image_paths(args.images), img_size=size, in_chans=model.cfg.in_chans,
+                                normalize=settings["normalize"])
     if args.num_images < 1:
         raise SystemExit(f"error: --num-images must be at least 1, got {args.num_images}")
-    cfg = data.parse_data_spec(args.data)
+    cfg = data.parse_data_spec(args.data).replace(**settings)
     loader = data.build_eval_data(cfg, args.split, img_size=size, in_chans=model.cfg.in_chans,
                                   batch_size=min(args.num_images, 256))
     batches, n = [], 0

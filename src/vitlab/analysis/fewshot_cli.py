@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .fewshot import DEFAULT_L2, DEFAULT_SHOTS, extract_features, fewshot_evaluate
@@ -26,11 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-limit", type=int, default=None, metavar="N", help="evaluate on the first N test images")
     p.add_argument("--img-size", type=int, nargs="+", metavar="PX", help="input size H [W] (default: the model's)")
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")
+    p.add_argument("--normalize", choices=("inception", "imagenet"), default=None,
+                   help="input normalisation (default: the one stored with the checkpoint's recipe, else inception)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--json", metavar="FILE", help="also write the results here (never replaces an existing file)")
 
 
-def _features(model, data_cfg, split: str, size, args, limit: int | None, device) -> tuple[np.ndarray, np.ndarray]:
+def _features(model, data_cfg, split: str, size, args, limit: int | None, device):
+    """(features, labels, number of classes) of the first `limit` images of `split`."""
     from .. import data
 
     loader = data.build_eval_data(data_cfg, split, img_size=size, in_chans=model.cfg.in_chans,
@@ -47,12 +49,13 @@ def _features(model, data_cfg, split: str, size, args, limit: int | None, device
             if limit is not None and n >= limit:
                 return
 
-    return extract_features(model, limited(), device)
+    feats, labels = extract_features(model, limited(), device)
+    return feats, labels, loader.num_classes
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import data
-    from .cli import image_size, load_checkpoint
+    from .cli import data_settings, image_size, load_checkpoint
     from .report import write_atomic
 
     for name in ("seeds", "batch_size"):
@@ -70,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_checkpoint(args.checkpoint, device)
     size = image_size(args, model)
-    data_cfg = data.parse_data_spec(args.data)
-    train_x, train_y = _features(model, data_cfg, args.train_split, size, args, args.train_limit, device)
-    test_x, test_y = _features(model, data_cfg, args.test_split, size, args, args.test_limit, device)
-    num_classes = int(max(train_y.max(), test_y.max())) + 1
+    data_cfg = data.parse_data_spec(args.data).replace(**data_settings(args.checkpoint, model.cfg.in_chans,
+                                                                          args.normalize))
+    train_x, train_y, num_classes = _features(model, data_cfg, args.train_split, size, args, args.train_limit, device)
+    test_x, test_y, _ = _features(model, data_cfg, args.test_split, size, args, args.test_limit, device)
     try:
         results = fewshot_evaluate(train_x, train_y, test_x, test_y, shots=args.shots, seeds=args.seeds,
                                    l2_reg=args.l2_reg, num_classes=num_classes)
