@@ -3,6 +3,7 @@
 from .config import ViTConfig, list_models
 from .flops import count_flops, count_params
 from .model import VisionTransformer, create_model
+from .optimize import optimize
 from .posembed import resample_pos_embed, sincos_2d
 from .weights import load_model, load_weights, save_weights
 
@@ -17,6 +18,7 @@ __all__ = [
     "list_models",
     "load_model",
     "load_weights",
+    "optimize",
     "resample_pos_embed",
     "save_weights",
     "sincos_2d",
