@@ -128,8 +128,11 @@ def load_model(
     if ckpt.config is not None:
         cfg = ckpt.config
     else:
-        cfg, report.inferred, notes = infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))
+        cfg, report.inferred, notes = infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source),
+                                                   img_size_hint=overrides.get("img_size"))
         report.messages.extend(notes)
+        if report.inferred.get("img_size") is not None and ckpt.grid is None:
+            ckpt.grid = _grid(report.inferred["img_size"], cfg.patch_size)
         log.info("%s: inferred from tensor shapes: %s", ckpt.source,
                  ", ".join(f"{k}={v}" for k, v in report.inferred.items()))
     if overrides:
@@ -141,6 +144,11 @@ def load_model(
     _apply(model, ckpt, report, pos_embed_resize, strict=True)
     model.eval()
     return (model, report) if return_report else model
+
+
+def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:
+    h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
+    return (h // patch, w // patch)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:

@@ -45,7 +45,8 @@ def apply_state_dict(
 
     # Pre-logits (the paper's pre-training hidden layer): kept when the model has one, else dropped.
     pre = sorted(k for k in state if k.startswith("pre_logits."))
-    if pre and "pre_logits.fc.weight" not in target:
+    pre_dropped = bool(pre) and "pre_logits.fc.weight" not in target
+    if pre_dropped:
         rep = state["pre_logits.fc.weight"].shape[0] if "pre_logits.fc.weight" in state else "?"
         for k in pre:
             state.pop(k)
@@ -65,7 +66,7 @@ def apply_state_dict(
             report.messages.append("dropped the checkpoint's head: the model has num_classes=0")
         elif state["head.weight"].shape != target["head.weight"].shape:
             src_w, dst_w = state["head.weight"], target["head.weight"]
-            if src_w.dim() != 2 or src_w.shape[1] != dst_w.shape[1]:
+            if src_w.dim() != 2 or (src_w.shape[1] != dst_w.shape[1] and not pre_dropped):
                 raise ShapeMismatchError(
                     f"{report.source}: head.weight is {tuple(src_w.shape)} in the checkpoint but "
                     f"{tuple(dst_w.shape)} in the model, and its input width differs too"
@@ -74,10 +75,10 @@ def apply_state_dict(
                 state.pop(k, None)
             _zero_head(model)
             report.replaced.extend(_HEAD)
-            report.messages.append(
-                f"replaced the head: checkpoint has {src_w.shape[0]} classes, the model {dst_w.shape[0]}; "
-                "the new head is zero-initialised (paper Sec. 3.2)"
-            )
+            why = (f"it sat on the dropped pre-logits layer (input width {src_w.shape[1]})" if pre_dropped
+                   and src_w.shape[1] != dst_w.shape[1] else
+                   f"checkpoint has {src_w.shape[0]} classes, the model {dst_w.shape[0]}")
+            report.messages.append(f"replaced the head: {why}; the new head is zero-initialised (paper Sec. 3.2)")
         elif not state["head.weight"].any() and not state.get("head.bias", torch.zeros(1)).any():
             msg = ("the checkpoint's head is all zeros (as in the raw ImageNet-21k pre-training checkpoints): "
                    "its logits are constant; fine-tune a new head (num_classes=...) before using it to classify")

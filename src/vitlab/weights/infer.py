@@ -26,6 +26,7 @@ def infer_config(
     known: dict[str, Any] | None = None,
     grid: tuple[int, int] | None = None,
     source: str = "checkpoint",
+    img_size_hint: int | tuple[int, int] | None = None,
 ) -> tuple[ViTConfig, dict[str, Any], list[str]]:
     """Build the ViTConfig a state dict (our names) was made with.
 
@@ -34,6 +35,8 @@ def infer_config(
         known: Fields the file states outright (from its config, or heads from a .npz); they win over guesses.
         grid: The position-embedding grid, when the file's config gives it (non-square grids).
         source: Name used in messages.
+        img_size_hint: The image size the caller asked for; taken as the checkpoint's own when its table is not
+            a square grid but fits this size (a non-square checkpoint without a config).
 
     Returns:
         (config, inferred fields -> value, messages on guesses the shapes cannot settle).
@@ -61,15 +64,19 @@ def infer_config(
         inferred["pos_embed"] = "learned"
         n = state["pos_embed"].shape[-2] - int(inferred["class_token"])
         if grid is None and "img_size" in known:
-            grid = ViTConfig(img_size=known["img_size"], patch_size=int(ph), embed_dim=8, num_heads=1).grid_size
+            grid = _grid(known["img_size"], int(ph))
         if grid is None:
             try:
                 grid = infer_grid(n)
             except ValueError:
-                raise WeightsError(
-                    f"{source}: position embedding has {n} patch rows, not a square grid; "
-                    "pass img_size=(H, W) to load_model"
-                ) from None
+                hint = _grid(img_size_hint, int(ph)) if img_size_hint is not None else None
+                if hint is not None and hint[0] * hint[1] == n:
+                    grid = hint
+                else:
+                    raise WeightsError(
+                        f"{source}: position embedding has {n} patch rows, not a square grid; "
+                        "pass img_size=(H, W) to load_model"
+                    ) from None
         inferred["img_size"] = grid[0] * int(ph) if grid[0] == grid[1] else (grid[0] * int(ph), grid[1] * int(ph))
     elif "pos_embed" not in known:
         inferred["pos_embed"] = "none"
@@ -92,6 +99,11 @@ def infer_config(
     fields["name"] = _variant_name(fields)
     cfg = ViTConfig.from_dict(fields)
     return cfg, shown, notes
+
+
+def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    return (h // patch, w // patch)
 
 
 def _variant_name(fields: dict[str, Any]) -> str | None:
