@@ -1,0 +1,22 @@
+"""Datasets and input pipelines: Fashion-MNIST / MNIST (IDX), CIFAR-10/100 (binary), ImageFolder trees,
+WebDataset shards; deterministic, resumable, rank-splittable training streams."""
+
+from .batch_augment import resized_crop_batch, sample_crop_boxes
+from .build import build_eval_data, build_train_stream
+from .config import DataConfig, parse_data_spec
+from .images import BadImageError, BadImageWarning, load_images
+from .stream import EvalData, TrainStream
+
+__all__ = [
+    "BadImageError",
+    "BadImageWarning",
+    "DataConfig",
+    "EvalData",
+    "TrainStream",
+    "build_eval_data",
+    "build_train_stream",
+    "load_images",
+    "parse_data_spec",
+    "resized_crop_batch",
+    "sample_crop_boxes",
+]

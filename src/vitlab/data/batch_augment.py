@@ -1,0 +1,127 @@
+"""Whole-batch augmentation for in-memory datasets: inception crop + flip + resize as ONE grid_sample.
+
+Per-sample crop boxes follow torchvision's RandomResizedCrop (area fraction uniform in `scale`, log aspect
+ratio uniform in `ratio`, 10 tries, then a centre crop), drawn for the whole batch at once. The sampling grid
+reproduces "crop, then bilinear resize with align_corners=False" exactly, i.e. what
+`torchvision.transforms.v2.functional.resized_crop(..., antialias=False)` computes image by image, and a
+flip is the same grid read right to left.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+INCEPTION_MEAN, INCEPTION_STD = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)  # [0, 1] -> [-1, 1]
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed from a tuple of non-negative ints (seed, epoch, step, ...), via numpy's SeedSequence."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def norm_stats(normalize: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) per channel on the [0, 1] scale; one channel takes the average of the three."""
+    mean, std = {"inception": (INCEPTION_MEAN, INCEPTION_STD), "imagenet": (IMAGENET_MEAN, IMAGENET_STD)}[normalize]
+    if channels == 1:
+        return (sum(mean) / 3,), (sum(std) / 3,)
+    if channels != 3:
+        raise ValueError(f"normalisation is defined for 1 or 3 channels, got {channels}")
+    return mean, std
+
+
+def normalize_255(x: torch.Tensor, normalize: str) -> torch.Tensor:
+    """Pixels on the 0-255 scale (B, C, H, W), uint8 or float -> normalised float32 (a new tensor).
+
+    (x - 255 mean) / (255 std), uint8 -> float32 by type promotion; 0 and 255 land exactly on -1 and 1 for
+    "inception".
+    """
+    mean, std = norm_stats(normalize, x.shape[1])
+    if len(set(mean)) == 1 and len(set(std)) == 1:  # the same affine map on every channel
+        return torch.sub(x, 255.0 * mean[0]).div_(255.0 * std[0]).float()
+    m = torch.tensor([255.0 * v for v in mean], dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor([255.0 * v for v in std], dtype=torch.float32).view(1, -1, 1, 1)
+    return torch.sub(x, m).div_(s).float()
+
+
+def sample_crop_boxes(
+    rng: np.random.Generator,
+    n: int,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    tries: int = 10,
+) -> torch.Tensor:
+    """Random resized crop boxes for n images of one size, as int64 (n, 4): top, left, h, w.
+
+    Drawn with numpy (a few hundred numbers: no thread-pool overhead, deterministic across platforms).
+    """
+    area = height * width
+    target = area * rng.uniform(scale[0], scale[1], size=(n, tries))  # (n, tries)
+    aspect = np.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1]), size=(n, tries)))
+    w = np.round(np.sqrt(target * aspect)).astype(np.int64)
+    h = np.round(np.sqrt(target / aspect)).astype(np.int64)
+    ok = (w > 0) & (w <= width) & (h > 0) & (h <= height)  # (n, tries)
+    first = ok.argmax(axis=1)  # first try that fits
+    rows = np.arange(n)
+    w, h, found = w[rows, first], h[rows, first], ok.any(axis=1)
+    # fallback: the largest centred crop within the ratio range (torchvision's rule)
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        fw, fh = width, round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        fh, fw = height, round(height * max(ratio))
+    else:
+        fw, fh = width, height
+    w, h = np.where(found, w, fw), np.where(found, h, fh)
+    u = rng.random((n, 2))
+    top = np.where(found, (u[:, 0] * (height - h + 1)).astype(np.int64), (height - h) // 2)
+    left = np.where(found, (u[:, 1] * (width - w + 1)).astype(np.int64), (width - w) // 2)
+    return torch.from_numpy(np.stack([top, left, h, w], axis=1))
+
+
+def _axis(start: np.ndarray, length: np.ndarray, out: int, full: int) -> np.ndarray:
+    """Normalised source coordinates (n, out) of a crop [start, start+length) resized to `out` samples."""
+    j = np.arange(out, dtype=np.float64) + 0.5  # (out,)
+    src = j[None] * (length[:, None] / out) - 0.5  # (n, out): align_corners=False, in crop pixels
+    src = np.minimum(np.maximum(src, 0.0), length[:, None] - 1.0)  # interpolate's edge clamping
+    src = src + start[:, None]  # (n, out) in image pixels
+    return ((2 * src + 1) / full - 1).astype(np.float32)  # grid_sample's align_corners=False normalisation
+
+
+def resized_crop_batch(
+    x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int], flip: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Crop each image to its box and resize it bilinearly to out_hw, flipping where `flip` is set.
+
+    Args:
+        x: Images (B, C, H, W), any real dtype (uint8 is read as 0-255 floats).
+        boxes: int64 (B, 4) top, left, h, w.
+        out_hw: Output (h, w).
+        flip: bool (B,), mirror left-right after the resize.
+
+    Returns:
+        float32 (B, C, out_h, out_w) on the input's value scale.
+    """
+    B, _, H, W = x.shape
+    oh, ow = out_hw
+    b = boxes.numpy()
+    gx = _axis(b[:, 1], b[:, 3], ow, W)  # (B, ow)
+    gy = _axis(b[:, 0], b[:, 2], oh, H)  # (B, oh)
+    if flip is not None:
+        gx = np.where(flip.numpy()[:, None], gx[:, ::-1], gx)
+    grid = np.empty((B, oh, ow, 2), dtype=np.float32)  # (B, oh, ow, (x, y))
+    grid[..., 0] = gx[:, None, :]
+    grid[..., 1] = gy[:, :, None]
+    return F.grid_sample(x.float(), torch.from_numpy(grid), mode="bilinear", padding_mode="border",
+                         align_corners=False)
+
+
+def full_boxes(n: int, height: int, width: int) -> torch.Tensor:
+    """Boxes (n, 4) covering the whole image: the eval-time 'resize' of the same pipeline."""
+    return torch.tensor([0, 0, height, width], dtype=torch.long).repeat(n, 1)

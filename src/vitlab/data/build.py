@@ -1,0 +1,97 @@
+"""`build_train_stream` / `build_eval_data`: a DataConfig -> batches, whatever the source."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .arrays import ArrayDataset, stratified_holdout
+from .config import FASHION_MNIST_ROOT, DataConfig
+from .stream import ArrayEvalData, ArrayTrainStream, EvalData, TrainStream
+
+SPLITS = ("train", "val", "test")
+ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100")
+
+
+def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
+    """The whole "train" or "test" file set of an in-memory dataset."""
+    if cfg.dataset in ("fashion_mnist", "mnist"):
+        from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_mnist_like
+
+        classes = FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else MNIST_CLASSES
+        return load_mnist_like(cfg.root or FASHION_MNIST_ROOT, split, classes)
+    from .cifar import load_cifar
+
+    return load_cifar(cfg.root, cfg.dataset, split)
+
+
+def _rename(data: ArrayDataset, cfg: DataConfig) -> ArrayDataset:
+    if cfg.class_names is not None:
+        if len(cfg.class_names) != len(data.classes):
+            raise ValueError(f"data.class_names has {len(cfg.class_names)} names; the dataset has "
+                             f"{len(data.classes)} classes")
+        data.classes = list(cfg.class_names)
+    return data
+
+
+def _array_split(cfg: DataConfig, split: str) -> tuple[ArrayDataset, dict[str, Any]]:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split == "val" and cfg.val_fraction <= 0:
+        raise ValueError("split 'val' is the hold-out part of train; set data.val_fraction > 0 (e.g. 0.02)")
+    if split == "test":
+        data = _load_array_split(cfg, "test")
+        return _rename(data, cfg), {"dataset": cfg.dataset, "split": "test", "samples": len(data)}
+    full = _load_array_split(cfg, "train")
+    train_idx, val_idx = stratified_holdout(full.labels, cfg.val_fraction, cfg.val_seed)
+    data = full.subset(train_idx if split == "train" else val_idx)
+    report = {"dataset": cfg.dataset, "split": split, "samples": len(data),
+              "train_samples": len(train_idx), "val_samples": len(val_idx)}
+    return _rename(data, cfg), report
+
+
+def build_train_stream(
+    cfg: DataConfig,
+    *,
+    img_size: int | tuple[int, int],
+    in_chans: int,
+    batch_size: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> TrainStream:
+    """The endless, resumable training stream of `cfg` (see `TrainStream`); batch_size is per process.
+
+    With world_size > 1, rank r's batch at step t is the r-th slice of the single-process batch of size
+    batch_size * world_size at step t, augmentation included (exact for every dataset but webdataset,
+    which splits by shard).
+    """
+    common = dict(batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+    if cfg.dataset in ARRAY_DATASETS:
+        data, report = _array_split(cfg, "train")
+        return ArrayTrainStream(data, cfg, img_size=img_size, in_chans=in_chans, name=cfg.dataset, report=report,
+                                **common)
+    if cfg.dataset == "imagefolder":
+        from .folder import build_folder_train_stream
+
+        return build_folder_train_stream(cfg, img_size=img_size, in_chans=in_chans, **common)
+    from .webds import WebDatasetTrainStream
+
+    return WebDatasetTrainStream(cfg, img_size=img_size, in_chans=in_chans, **common)
+
+
+def build_eval_data(
+    cfg: DataConfig, split: str, *, img_size: int | tuple[int, int], in_chans: int, batch_size: int
+) -> EvalData:
+    """Deterministic batches of `split`: "val" (held out from train; needs val_fraction > 0), "test", or
+    "train" (the training part, unaugmented, e.g. for few-shot features)."""
+    if cfg.dataset in ARRAY_DATASETS:
+        data, report = _array_split(cfg, split)
+        return ArrayEvalData(data, cfg, name=f"{cfg.dataset}/{split}", img_size=img_size, in_chans=in_chans,
+                             batch_size=batch_size, report=report)
+    if cfg.dataset == "imagefolder":
+        from .folder import build_folder_eval_data
+
+        return build_folder_eval_data(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)
+    from .webds import WebDatasetEvalData
+
+    return WebDatasetEvalData(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)

@@ -1,0 +1,177 @@
+"""`DataConfig`: the `data:` section of a recipe, and the CLI shorthand `parse_data_spec`."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset")
+NORMALIZE = ("inception", "imagenet")
+EVAL_RESIZE = ("resize", "center_crop")
+
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
+
+
+@dataclass
+class DataConfig:
+    """Where the images come from and how they are augmented.
+
+    Attributes:
+        dataset: One of `DATASETS`.
+        root: Dataset location. fashion_mnist defaults to Debian's /usr/share/datasets/fashion-mnist;
+            imagefolder: a class tree, or a folder with `train_subdir` / `test_subdir` class trees;
+            cifar10/100: the folder holding (or being) cifar-10-batches-bin / cifar-100-binary;
+            webdataset: a shard pattern such as /data/train-{000000..000127}.tar.
+        test_root: Where the "test" split is, when not derivable from `root` (imagefolder: a class tree;
+            webdataset: a shard pattern).
+        train_subdir: imagefolder: sub-folder of `root` holding the training tree, if present.
+        test_subdir: imagefolder: sub-folder of `root` holding the test tree ("val" for ImageNet).
+        val_fraction: Fraction of train held out as the "val" split, stratified by class and fixed by
+            `val_seed` (the paper holds out 1-2%). 0 disables the split.
+        val_seed: Seed of the hold-out split; independent of the training seed so every run sees the same one.
+        normalize: "inception" maps pixels to [-1, 1] (what Google's checkpoints expect); "imagenet" uses
+            the ImageNet mean/std.
+        expand_channels: Repeat greyscale data (Fashion-MNIST, MNIST) to 3 channels for in_chans=3 models.
+        inception_crop: Random resized crop ("inception crop") for training; off: plain resize.
+        crop_scale: Area fraction range of the inception crop.
+        crop_ratio: Aspect-ratio range of the inception crop.
+        hflip: Random horizontal flips for training.
+        randaugment: "N-M" (number of ops - magnitude on big_vision's 0-10 scale), e.g. "2-10"; None = off.
+        eval_resize: "resize" squashes the whole image to img_size (the paper's fine-tuning eval);
+            "center_crop" resizes the shorter side to img_size / eval_crop_fraction and crops the centre.
+        eval_crop_fraction: Crop fraction for eval_resize="center_crop" (0.875 is the ImageNet habit).
+        strict: Raise on a corrupt, truncated or non-image file instead of skipping it with a warning.
+        max_image_pixels: Refuse images with more pixels than this (decompression bombs); None keeps
+            PIL's default (about 89 M pixels).
+        num_workers: DataLoader worker processes for file datasets (imagefolder, webdataset).
+        shuffle_buffer: webdataset: samples shuffled together (within a group of consecutive shards).
+        num_samples: webdataset: samples in the training shards, needed when shards are not local files.
+        num_classes: webdataset: classes, needed when shards are not local files.
+        class_names: Optional names of the classes (webdataset, or to rename any dataset's classes).
+    """
+
+    dataset: str = "fashion_mnist"
+    root: str | None = None
+    test_root: str | None = None
+    train_subdir: str = "train"
+    test_subdir: str = "test"
+    val_fraction: float = 0.0
+    val_seed: int = 0
+    normalize: str = "inception"
+    expand_channels: bool = False
+    inception_crop: bool = True
+    crop_scale: tuple[float, float] = (0.08, 1.0)
+    crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hflip: bool = True
+    randaugment: str | None = None
+    eval_resize: str = "resize"
+    eval_crop_fraction: float = 0.875
+    strict: bool = False
+    max_image_pixels: int | None = None
+    num_workers: int = 0
+    shuffle_buffer: int = 10_000
+    num_samples: int | None = None
+    num_classes: int | None = None
+    class_names: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("crop_scale", "crop_ratio"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                setattr(self, name, tuple(value))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if self.dataset not in DATASETS:
+            raise ValueError(f"data.dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.dataset not in ("fashion_mnist",) and not self.root:
+            raise ValueError(f"data.root is required for dataset {self.dataset!r}")
+        if not isinstance(self.val_fraction, int | float) or not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction!r}")
+        if self.normalize not in NORMALIZE:
+            raise ValueError(f"data.normalize must be one of {NORMALIZE}, got {self.normalize!r}")
+        if self.eval_resize not in EVAL_RESIZE:
+            raise ValueError(f"data.eval_resize must be one of {EVAL_RESIZE}, got {self.eval_resize!r}")
+        if not 0.0 < self.eval_crop_fraction <= 1.0:
+            raise ValueError(f"data.eval_crop_fraction must be in (0, 1], got {self.eval_crop_fraction!r}")
+        lo, hi = _pair("crop_scale", self.crop_scale)
+        if not 0.0 < lo <= hi <= 1.0:
+            raise ValueError(f"data.crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale!r}")
+        lo, hi = _pair("crop_ratio", self.crop_ratio)
+        if not 0.0 < lo <= hi:
+            raise ValueError(f"data.crop_ratio must satisfy 0 < min <= max, got {self.crop_ratio!r}")
+        if self.randaugment is not None:
+            parse_randaugment(self.randaugment)
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"data.num_workers must be an int >= 0, got {self.num_workers!r}")
+        if not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 1:
+            raise ValueError(f"data.shuffle_buffer must be a positive int, got {self.shuffle_buffer!r}")
+        for name in ("num_samples", "num_classes", "max_image_pixels"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"data.{name} must be None or a positive int, got {value!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        for name in ("crop_scale", "crop_ratio"):
+            d[name] = list(d[name])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataConfig:
+        if not isinstance(d, dict):
+            raise ValueError(f"the data section must be a mapping, got {type(d).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f"unknown data key(s) {unknown}; valid keys: {known}")
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> DataConfig:
+        return DataConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def _pair(name: str, value: Any) -> tuple[float, float]:
+    if not isinstance(value, tuple | list) or len(value) != 2 or not all(isinstance(v, int | float) for v in value):
+        raise ValueError(f"data.{name} must be a pair of numbers, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def parse_randaugment(spec: str) -> tuple[int, int]:
+    """"N-M" -> (num_ops, magnitude); the magnitude is on the 0-10 scale of big_vision / the RandAugment paper."""
+    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", str(spec))
+    if not m:
+        raise ValueError(f"data.randaugment must look like 'N-M' (e.g. '2-10'), got {spec!r}")
+    n, mag = int(m.group(1)), int(m.group(2))
+    if n < 1:
+        raise ValueError(f"data.randaugment needs at least one op, got {spec!r}")
+    if mag > 10:
+        raise ValueError(
+            f"data.randaugment magnitude {mag} is above 10, the strongest torchvision's RandAugment can apply"
+        )
+    return n, mag
+
+
+def parse_data_spec(spec: str) -> DataConfig:
+    """CLI shorthand -> DataConfig.
+
+    "fashion_mnist", "fashion_mnist:/path", "imagefolder:/path", "cifar10:/path", "cifar100:/path",
+    "webdataset:/path/shard-{000..009}.tar". A bare existing path is not guessed: name the dataset.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("empty data spec; expected e.g. 'fashion_mnist' or 'imagefolder:/path/to/tree'")
+    name, sep, root = spec.strip().partition(":")
+    name = name.strip().lower().replace("-", "_")
+    aliases = {"fmnist": "fashion_mnist", "cifar_10": "cifar10", "cifar_100": "cifar100", "wds": "webdataset"}
+    name = aliases.get(name, name)
+    if name not in DATASETS:
+        raise ValueError(
+            f"unknown dataset {name!r} in data spec {spec!r}; expected '<dataset>[:<root>]' with dataset one of "
+            f"{DATASETS}"
+        )
+    if sep and not root:
+        raise ValueError(f"data spec {spec!r} has an empty root after ':'")
+    return DataConfig(dataset=name, root=root or None)

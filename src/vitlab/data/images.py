@@ -1,0 +1,174 @@
+"""Decoding image files safely, and the per-image torchvision.transforms.v2 pipelines of file datasets.
+
+Every file goes through `decode_image`: decompression bombs are refused before any pixel is decoded (PIL's
+DecompressionBombWarning and DecompressionBombError, or our own `max_pixels`), the whole image is decoded
+(so a truncated file fails here, not later), EXIF orientation is applied, and greyscale, palette, RGBA,
+CMYK and 16-bit images are converted to "L" (in_chans=1) or "RGB" (in_chans=3).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torchvision.transforms.v2 as T
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from .batch_augment import norm_stats
+from .config import DataConfig
+from .stream import as_hw, randaugment_op
+
+
+class BadImageError(ValueError):
+    """A file that is not a decodable, acceptable image; the message names it and says why."""
+
+
+class BadImageWarning(UserWarning):
+    """A bad file was skipped (or replaced) and counted in the report."""
+
+
+def decode_image(src: str | bytes, in_chans: int, *, max_pixels: int | None = None, name: str | None = None):
+    """Open, check and fully decode one image into mode "L" or "RGB".
+
+    Args:
+        src: A path or the encoded bytes.
+        in_chans: 1 or 3.
+        max_pixels: Refuse images with more pixels (None: PIL's MAX_IMAGE_PIXELS).
+        name: What to call the image in errors (defaults to the path).
+
+    Returns:
+        A loaded PIL image.
+
+    Raises:
+        BadImageError: Not an image, truncated or corrupt, or too large (a decompression bomb).
+    """
+    label = name or (src if isinstance(src, str) else "<bytes>")
+    if in_chans not in (1, 3):
+        raise ValueError(f"image files decode to 1 or 3 channels, got in_chans={in_chans}")
+    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
+            if limit and img.width * img.height > limit:
+                raise BadImageError(
+                    f"{label}: refused as a decompression bomb: declares {img.width}x{img.height} = "
+                    f"{img.width * img.height} pixels, limit {limit}"
+                )
+            img.load()
+            img = ImageOps.exif_transpose(img)
+    except BadImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise BadImageError(f"{label}: refused as a decompression bomb ({e})") from e
+    except UnidentifiedImageError as e:
+        raise BadImageError(f"{label}: not an image file PIL can identify") from e
+    except FileNotFoundError as e:
+        raise BadImageError(f"{label}: file not found") from e
+    except (OSError, SyntaxError, ValueError, EOFError) as e:  # truncated / corrupt streams
+        raise BadImageError(f"{label}: corrupt or truncated image ({e})") from e
+    return to_mode(img, "L" if in_chans == 1 else "RGB")
+
+
+def to_mode(img: Image.Image, mode: str) -> Image.Image:
+    """Convert any PIL mode to "L" or "RGB" (alpha dropped as torchvision's loader does)."""
+    if img.mode == mode:
+        return img
+    if img.mode == "P" and "transparency" in img.info:
+        img = img.convert("RGBA")  # palette transparency goes through RGBA, as PIL asks
+    if img.mode.startswith("I;16") or img.mode in ("I", "F"):
+        a = np.asarray(img, dtype=np.float32)
+        if img.mode.startswith("I;16") or (img.mode == "I" and a.max(initial=0) > 255):
+            a = a / 257.0  # 16-bit -> 8-bit
+        elif img.mode == "F" and a.max(initial=0) <= 1.0:
+            a = a * 255.0
+        img = Image.fromarray(np.clip(np.round(a), 0, 255).astype(np.uint8), "L")
+    return img.convert(mode)
+
+
+def verify_image(path: str, *, max_pixels: int | None = None) -> str | None:
+    """Cheap up-front check (header + PIL verify, no full decode). Returns the reason it is bad, or None."""
+    limit = max_pixels or Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                if limit and img.width * img.height > limit:
+                    return f"refused as a decompression bomb: declares {img.width}x{img.height} pixels, limit {limit}"
+                img.verify()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        return f"refused as a decompression bomb ({e})"
+    except UnidentifiedImageError:
+        return "not an image file PIL can identify"
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        return f"corrupt or truncated image ({e})"
+    return None
+
+
+def train_transform(cfg: DataConfig, img_size, in_chans: int) -> T.Compose:
+    """uint8 image tensor (C, H, W) -> augmented, normalised float32 (C, h, w)."""
+    hw = as_hw(img_size)
+    ops: list[T.Transform] = []
+    if cfg.inception_crop:
+        ops.append(T.RandomResizedCrop(hw, scale=cfg.crop_scale, ratio=cfg.crop_ratio, antialias=True))
+    else:
+        ops.append(T.Resize(hw, antialias=True))
+    if cfg.hflip:
+        ops.append(T.RandomHorizontalFlip())
+    ra = randaugment_op(cfg.randaugment)
+    if ra is not None:
+        ops.append(ra)
+    mean, std = norm_stats(cfg.normalize, in_chans)
+    ops += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)]
+    return T.Compose(ops)
+
+
+def eval_transform(img_size, in_chans: int, *, normalize: str = "inception", resize: str = "resize",
+                   crop_fraction: float = 0.875) -> T.Compose:
+    """uint8 image tensor (C, H, W) -> deterministic normalised float32 (C, h, w)."""
+    hw = as_hw(img_size)
+    if resize == "resize":
+        ops: list[T.Transform] = [T.Resize(hw, antialias=True)]  # squash the whole image (paper fine-tuning)
+    else:
+        short = round(min(hw) / crop_fraction)
+        ops = [T.Resize(short, antialias=True), T.CenterCrop(hw)]
+    mean, std = norm_stats(normalize, in_chans)
+    return T.Compose([*ops, T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """PIL "L"/"RGB" -> uint8 (C, H, W)."""
+    a = np.asarray(img, dtype=np.uint8)
+    a = a[:, :, None] if a.ndim == 2 else a
+    return torch.from_numpy(a.copy()).permute(2, 0, 1).contiguous()
+
+
+def load_images(
+    paths: Sequence[str],
+    *,
+    img_size: int | tuple[int, int],
+    in_chans: int,
+    normalize: str = "inception",
+    resize: str = "resize",
+    max_pixels: int | None = None,
+) -> torch.Tensor:
+    """Image files -> float32 (B, C, H, W), decoded and resized as evaluation does (for predict / analyze).
+
+    Raises:
+        BadImageError: Naming the first file that is missing, not an image, corrupt, or too large.
+    """
+    if isinstance(paths, str):
+        paths = [paths]
+    if not paths:
+        raise ValueError("load_images needs at least one path")
+    tf = eval_transform(img_size, in_chans, normalize=normalize, resize=resize)
+    out = []
+    for p in paths:
+        if not os.path.isfile(p):
+            raise BadImageError(f"{p}: no such file")
+        out.append(tf(pil_to_tensor(decode_image(p, in_chans, max_pixels=max_pixels))))
+    return torch.stack(out)  # (B, C, H, W)

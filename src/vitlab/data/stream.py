@@ -1,0 +1,246 @@
+"""`TrainStream` (endless, resumable, rank-splittable batches) and `EvalData`, with the in-memory versions.
+
+In-memory datasets (Fashion-MNIST, MNIST, CIFAR) augment whole batches as tensors: one gather, one
+grid_sample for crop + flip + resize over the batch, one normalisation. RandAugment, when on, is the only
+per-image step (torchvision's RandAugment draws one op sequence per call).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision.transforms.v2 as T
+
+from .arrays import ArrayDataset
+from .batch_augment import derive_seed, full_boxes, normalize_255, resized_crop_batch, sample_crop_boxes
+from .config import DataConfig, parse_randaugment
+from .position import Position, check_state, epoch_permutation
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # images float32 (B, C, H, W), labels int64 (B,)
+
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601-2, what PIL's convert("L") uses
+
+
+def as_hw(img_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(img_size, int) and not isinstance(img_size, bool):
+        hw = (img_size, img_size)
+    elif isinstance(img_size, tuple | list) and len(img_size) == 2:
+        hw = (int(img_size[0]), int(img_size[1]))
+    else:
+        raise ValueError(f"img_size must be an int or (H, W), got {img_size!r}")
+    if min(hw) <= 0:
+        raise ValueError(f"img_size must be positive, got {img_size!r}")
+    return hw
+
+
+def match_channels(x: torch.Tensor, in_chans: int, expand: bool, what: str) -> torch.Tensor:
+    """(B, C, H, W) -> (B, in_chans, H, W): grey -> RGB only when asked, RGB -> grey by luma."""
+    c = x.shape[1]
+    if c == in_chans:
+        return x
+    if c == 1 and in_chans == 3:
+        if not expand:
+            raise ValueError(
+                f"{what} is greyscale (1 channel) but the model takes in_chans=3; set data.expand_channels: true "
+                "to repeat the grey channel, or build the model with in_chans=1"
+            )
+        return x.expand(-1, 3, -1, -1)
+    if c == 3 and in_chans == 1:
+        w = torch.tensor(LUMA, dtype=x.dtype).view(1, 3, 1, 1)
+        return (x * w).sum(dim=1, keepdim=True)
+    raise ValueError(f"{what} has {c} channels; cannot feed a model with in_chans={in_chans}")
+
+
+def randaugment_op(spec: str | None, fill: int = 128) -> T.RandAugment | None:
+    """big_vision's "N-M" -> torchvision RandAugment. Magnitude M on the 0-10 scale of the RandAugment paper
+    is torchvision's magnitude M with 11 bins (bin 10 = each op's maximum)."""
+    if spec is None:
+        return None
+    n, m = parse_randaugment(spec)
+    return T.RandAugment(num_ops=n, magnitude=m, num_magnitude_bins=11, fill=fill)
+
+
+def seeded_per_sample(op: T.Transform, x: torch.Tensor, keys: list[tuple[int, ...]]) -> torch.Tensor:
+    """Apply a torch-RNG-driven transform image by image, each under its own seed, without touching the
+    caller's global RNG state. x: uint8 (B, C, H, W)."""
+    out = torch.empty_like(x)
+    with torch.random.fork_rng(devices=[]):
+        for i, key in enumerate(keys):
+            torch.manual_seed(derive_seed(*key))
+            out[i] = op(x[i])
+    return out
+
+
+class TrainStream:
+    """Endless training batches: iterate for (images float32 (B, C, H, W), labels int64 (B,)).
+
+    Attributes:
+        num_classes, classes: The label space.
+        epoch_size: Training samples per epoch (all ranks together).
+        steps_per_epoch: Batches per epoch (epoch_size // (batch_size * world_size); the rest of an epoch's
+            permutation is dropped and comes back in later epochs' permutations).
+        report: Counts and skipped files with reasons.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        classes: list[str],
+        epoch_size: int,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        report: dict[str, Any],
+    ):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
+        self.name, self.classes = name, list(classes)
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, int(seed), rank, world_size
+        self.global_batch = batch_size * world_size
+        self.epoch_size = epoch_size
+        self.steps_per_epoch = epoch_size // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"{name}: {epoch_size} training samples cannot fill one global batch of {self.global_batch} "
+                f"(batch_size {batch_size} x world_size {world_size})"
+            )
+        self.report = report
+        self.position = Position()
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        batch = self._produce(self.position.epoch, self.position.step)
+        self.position.advance(self.steps_per_epoch)
+        return batch
+
+    def _produce(self, epoch: int, step: int) -> Batch:
+        raise NotImplementedError
+
+    def _restart(self) -> None:
+        """Drop any prefetched state after the position was changed."""
+
+    # -- resume -----------------------------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        return {"dataset": self.name, "seed": self.seed, "global_batch": self.global_batch,
+                "epoch_size": self.epoch_size}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.position.epoch, "step": self.position.step, **self._identity()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_state(state, self._identity(), f"{self.name} stream")
+        step = int(state["step"])
+        if not 0 <= step < self.steps_per_epoch:
+            raise ValueError(f"{self.name} stream: step {step} outside [0, {self.steps_per_epoch})")
+        self.position = Position(int(state["epoch"]), step)
+        self._restart()
+
+
+class ArrayTrainStream(TrainStream):
+    """TrainStream over an in-memory uint8 dataset, augmented a whole batch at a time."""
+
+    def __init__(self, data: ArrayDataset, cfg: DataConfig, *, img_size, in_chans: int, **kw: Any):
+        super().__init__(classes=data.classes, epoch_size=len(data), **kw)
+        self.cfg, self.out_hw, self.in_chans = cfg, as_hw(img_size), in_chans
+        self.images, self.labels = data.tensors()  # uint8 (N, C, H, W), int64 (N,)
+        match_channels(self.images[:1].float(), in_chans, cfg.expand_channels, self.name)  # fail before training
+        self.randaug = randaugment_op(cfg.randaugment)
+        self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._perm_epoch:
+            self._perm, self._perm_epoch = epoch_permutation(self.seed, epoch, len(self.images)), epoch
+        return self._perm
+
+    def _produce(self, epoch: int, step: int) -> Batch:
+        G, B, r = self.global_batch, self.batch_size, self.rank
+        idx = self._permutation(epoch)[step * G : (step + 1) * G][r * B : (r + 1) * B]  # this rank's slice
+        _, _, H, W = self.images.shape
+        cfg = self.cfg
+        # Randomness for the GLOBAL batch from (seed, epoch, step); each rank keeps its slice.
+        rng = np.random.default_rng(derive_seed(self.seed, epoch, step))
+        if cfg.inception_crop:
+            boxes = sample_crop_boxes(rng, G, H, W, cfg.crop_scale, cfg.crop_ratio)[r * B : (r + 1) * B]
+        else:
+            boxes = full_boxes(B, H, W)
+        flip = torch.from_numpy(rng.random(G) < 0.5)[r * B : (r + 1) * B] if cfg.hflip else None
+        x = self.images[idx]  # uint8 (B, C, H, W)
+        resample = cfg.inception_crop or flip is not None or self.out_hw != (H, W)
+        if self.randaug is not None:  # RandAugment works on uint8 pixels: crop first, normalise last
+            x = resized_crop_batch(x, boxes, self.out_hw, flip).round_().clamp_(0, 255).to(torch.uint8)
+            keys = [(self.seed, epoch, step, r * B + i, 0xA06) for i in range(B)]
+            x = seeded_per_sample(self.randaug, x, keys)
+            return self._normalize(x), self.labels[idx]
+        # normalise the (smaller) input, then resample: bilinear weights sum to one, so the two commute
+        x = self._normalize(x)
+        if resample:
+            x = resized_crop_batch(x, boxes, self.out_hw, flip)  # (B, C, h, w)
+        return x, self.labels[idx]
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] != self.in_chans:
+            x = match_channels(x.float(), self.in_chans, self.cfg.expand_channels, self.name).contiguous()
+        return normalize_255(x, self.cfg.normalize)
+
+
+class EvalData:
+    """Deterministic evaluation batches (no augmentation): iterate for (images, labels).
+
+    Attributes:
+        num_classes, classes: The label space (the training set's).
+        num_samples: Images evaluated (bad files skipped for file datasets).
+        report: Counts and skipped files.
+    """
+
+    classes: list[str]
+    num_samples: int
+    batch_size: int
+    report: dict[str, Any]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def __iter__(self) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+class ArrayEvalData(EvalData):
+    """EvalData over an in-memory dataset: the training pipeline with the whole image and no flip."""
+
+    def __init__(self, data: ArrayDataset, cfg: DataConfig, *, name: str, img_size, in_chans: int,
+                 batch_size: int, report: dict[str, Any]):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.cfg, self.name, self.out_hw, self.in_chans = cfg, name, as_hw(img_size), in_chans
+        self.images, self.labels = data.tensors()
+        self.classes, self.num_samples, self.batch_size, self.report = data.classes, len(data), batch_size, report
+        match_channels(self.images[:1].float(), in_chans, cfg.expand_channels, name)
+
+    def __iter__(self) -> Iterator[Batch]:
+        _, _, H, W = self.images.shape
+        for start in range(0, self.num_samples, self.batch_size):
+            x = self.images[start : start + self.batch_size]
+            if x.shape[1] != self.in_chans:
+                x = match_channels(x.float(), self.in_chans, self.cfg.expand_channels, self.name).contiguous()
+            x = normalize_255(x, self.cfg.normalize)
+            if self.out_hw != (H, W):
+                x = resized_crop_batch(x, full_boxes(len(x), H, W), self.out_hw)
+            yield x, self.labels[start : start + self.batch_size]
