@@ -8,6 +8,7 @@ A pickle can call any Python function while it is read. We only read formats tha
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def torch_load(path: str | Path) -> Any:
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it is a pickle that asks to run code or build objects other than tensors "
-            f"({_first_line(e)}). Only plain state dicts are read (torch.load(weights_only=True)); if you trust the "
+            f"({_culprit(e)}). Only plain state dicts are read (torch.load(weights_only=True)); if you trust the "
             f"file, re-save its state dict with torch.save(model.state_dict(), ...) or as .safetensors"
         ) from None
     except RuntimeError as e:
@@ -57,6 +58,18 @@ def np_load(path: str | Path) -> dict[str, np.ndarray]:
         raise WeightsError(f"could not read {path} as a NumPy archive: {_first_line(e)}") from e
     except (OSError, EOFError) as e:
         raise WeightsError(f"could not read {path} as a NumPy archive: {_first_line(e)}") from e
+
+
+def _culprit(e: BaseException) -> str:
+    """The line of PyTorch's refusal that names the offending global (e.g. "Unsupported global: GLOBAL io.open")."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # PyTorch colours its message
+    m = re.search(r"Unsupported global: GLOBAL \S+", text)
+    if m:
+        return m.group(0)
+    for line in text.splitlines():
+        if "Unsupported" in line:
+            return line.strip().rstrip(".")
+    return _first_line(e)
 
 
 def _first_line(e: BaseException) -> str:
