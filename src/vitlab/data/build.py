@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 from .arrays import ArrayDataset, stratified_holdout
@@ -13,24 +15,36 @@ ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100")
 
 
 def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
-    """The whole "train" or "test" file set of an in-memory dataset."""
-    if cfg.dataset in ("fashion_mnist", "mnist"):
+    """The whole "train" or "test" file set of an in-memory dataset (read once per process, then shared)."""
+    root = os.path.abspath(cfg.root or FASHION_MNIST_ROOT)
+    if not os.path.exists(root):
+        raise FileNotFoundError(f"data.root {root!r} does not exist (dataset {cfg.dataset!r})")
+    stamp = tuple((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(root) if e.is_file())
+    return _load_cached(cfg.dataset, root, split, stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(dataset: str, root: str, split: str, stamp: tuple) -> ArrayDataset:
+    del stamp  # part of the cache key only: a changed file reloads
+    if dataset in ("fashion_mnist", "mnist"):
         from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_mnist_like
 
-        classes = FASHION_MNIST_CLASSES if cfg.dataset == "fashion_mnist" else MNIST_CLASSES
-        return load_mnist_like(cfg.root or FASHION_MNIST_ROOT, split, classes)
-    from .cifar import load_cifar
+        classes = FASHION_MNIST_CLASSES if dataset == "fashion_mnist" else MNIST_CLASSES
+        data = load_mnist_like(root, split, classes)
+    else:
+        from .cifar import load_cifar
 
-    return load_cifar(cfg.root, cfg.dataset, split)
+        data = load_cifar(root, dataset, split)
+    return data
 
 
 def _rename(data: ArrayDataset, cfg: DataConfig) -> ArrayDataset:
-    if cfg.class_names is not None:
-        if len(cfg.class_names) != len(data.classes):
-            raise ValueError(f"data.class_names has {len(cfg.class_names)} names; the dataset has "
-                             f"{len(data.classes)} classes")
-        data.classes = list(cfg.class_names)
-    return data
+    if cfg.class_names is None:
+        return data
+    if len(cfg.class_names) != len(data.classes):
+        raise ValueError(f"data.class_names has {len(cfg.class_names)} names; the dataset has "
+                         f"{len(data.classes)} classes")
+    return ArrayDataset(data.images, data.labels, list(cfg.class_names))
 
 
 def _array_split(cfg: DataConfig, split: str) -> tuple[ArrayDataset, dict[str, Any]]:
