@@ -1,0 +1,104 @@
+"""`vitlab bench`: the peers it builds compute our function, and a tiny run produces the promised outputs.
+
+No timing is asserted here (speed lives in benchmarks/); only what the numbers are made of.
+"""
+
+import json
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.bench import (
+    BUILDERS,
+    BenchConfig,
+    Result,
+    _paired_ratios,
+    format_table,
+    mode_accuracy,
+    peak_memory,
+    run_bench,
+    write_outputs,
+)
+
+from .conftest import perturb_
+
+
+def _tiny(**kw):
+    cfg = dict(depth=2, img_size=32, patch_size=8, num_classes=10)
+    cfg.update(kw)
+    return perturb_(vitlab.create_model("ViT-Ti/16", **cfg)).eval()
+
+
+@pytest.mark.parametrize("peer", ["timm", "transformers", "torchvision"])
+def test_peer_copies_compute_our_logits(peer):
+    model = _tiny()
+    other = BUILDERS[peer](model).eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        ours, theirs = model(x), other(x)
+    assert ours.abs().max() > 1e-3
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_paired_ratios_are_peer_time_over_ours():
+    rs = [
+        Result("infer", "ours", "fp32", 8, [1.0, 2.0, 1.0], 1e9, 1e11),
+        Result("infer", "timm", "fp32", 8, [2.0, 2.0, 3.0], 1e9, 1e11),
+        Result("infer", "timm", "bf16", 8, [9.0, 9.0, 9.0], 1e9, 1e11),
+        Result("infer", "ours[int8]", "int8", 8, [0.5, 0.5, 0.5], 1e9, None),
+    ]
+    _paired_ratios(rs)
+    assert rs[0].ratio_vs == {"timm/fp32": 2.0}  # median of 2/1, 2/2, 3/1; the bf16 peer is not comparable
+    assert rs[3].ratio_vs == {"timm/fp32": 4.0}  # a speed mode is compared with the fp32 eager peers
+    s = rs[0].summary()
+    assert s["images_per_s"] == 8 / 1.0 and s["mfu"] == pytest.approx(1e9 / 1.0 / 1e11)
+
+
+def test_peak_memory_sees_a_large_allocation():
+    def alloc():
+        x = torch.ones(64 * 2**20 // 4)  # 64 MiB, written so its pages are resident
+        return float(x[::4096].sum())
+
+    assert peak_memory(alloc) >= 48 * 2**20
+
+
+def test_mode_accuracy_reports_agreement_and_accuracy():
+    model = _tiny()
+    x = torch.randn(40, 3, 32, 32)
+    with torch.no_grad():
+        labels = model(x).argmax(1)  # the fp32 model is right on every image by construction
+    report = mode_accuracy(model, x, labels, ("fp16",), batch_size=16)
+    assert report["fp32"] == {"agreement_with_fp32": 1.0, "accuracy": 1.0}
+    assert report["fp16"]["agreement_with_fp32"] == report["fp16"]["accuracy"] >= 0.9
+
+
+@pytest.mark.slow
+def test_tiny_bench_end_to_end(tmp_path):
+    bc = BenchConfig(
+        model="ViT-Ti/16", img_size=32, batch_sizes=(2,), dtypes=("fp32", "bf16"),
+        peers=("timm", "torchvision"), modes=("int8",), train_batch=2, train_peers=("timm",),
+        warmup=1, rounds=2, peak_size=128, overrides={"depth": 1, "patch_size": 8, "num_classes": 10},
+    )
+    out = run_bench(bc)
+    paths = write_outputs(out, tmp_path)
+    assert [p.name for p in paths] == ["bench.json", "bench.txt", "bench.png"]
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert {"machine", "config", "matmul_peak_gflops", "results"} <= set(data)
+    assert {"fp32", "bf16", "int8"} <= set(data["matmul_peak_gflops"])
+    assert data["machine"]["loadavg_start"] is not None
+    names = {(r["task"], r["name"], r["dtype"]) for r in data["results"]}
+    assert {("infer", "ours", "fp32"), ("infer", "timm", "fp32"), ("infer", "torchvision", "bf16"),
+            ("infer", "ours[int8]", "int8"), ("train", "ours", "bf16"), ("train", "ours[grad-ckpt]", "fp32"),
+            ("train", "timm", "fp32")} <= names
+    for r in data["results"]:
+        assert len(r["seconds"]) == 2 and r["min_s"] <= r["median_s"] <= r["max_s"]
+        for key in ("images_per_s", "images_per_s_min", "images_per_s_max", "latency_ms", "gflops_per_s",
+                    "peak_memory_bytes"):
+            assert key in r
+        flops = vitlab.count_flops(vitlab.ViTConfig.from_name("ViT-Ti/16", **bc.overrides, img_size=32),
+                                   backward=r["task"] == "train")
+        assert r["flops_per_call"] == flops * r["batch"]
+        if r["name"] == "ours":
+            assert f"timm/{r['dtype']}" in r["ratio_vs"]
+    assert "ours[int8]" in format_table(out)
