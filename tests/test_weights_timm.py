@@ -108,3 +108,16 @@ def test_our_npz_is_read_by_timm(tmp_path, kw):
         timm_load_npz(theirs, str(path))
     x = torch.randn(3, 3, *ours.cfg.img_hw)
     torch.testing.assert_close(theirs(x), ours(x), atol=ATOL, rtol=0)
+
+
+def test_non_square_checkpoint_into_another_grid_needs_its_grid(tmp_path):
+    theirs = timm_vit(img_size=(32, 48))
+    torch.save(theirs.state_dict(), tmp_path / "t.pth")
+    ours = vitlab.create_model("ViT-Ti/16", embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=7,
+                               img_size=(48, 48), patch_size=8).eval()
+    with pytest.raises(vitlab.weights.ShapeMismatchError, match=r"checkpoint_grid=\(gh, gw\)"):
+        vitlab.load_weights(ours, tmp_path / "t.pth")
+    report = vitlab.load_weights(ours, tmp_path / "t.pth", checkpoint_grid=(4, 6))
+    assert "4x6 -> 6x6" in report.resampled["pos_embed"]
+    expected = timm.layers.resample_abs_pos_embed(theirs.pos_embed, (6, 6), (4, 6), num_prefix_tokens=1)
+    torch.testing.assert_close(ours.pos_embed, expected)

@@ -23,6 +23,7 @@ def load_weights(
     *,
     pos_embed_resize: str | None = None,
     strict: bool = True,
+    checkpoint_grid: tuple[int, int] | None = None,
 ) -> LoadReport:
     """Load a checkpoint of any supported format into `model`, in place.
 
@@ -39,6 +40,8 @@ def load_weights(
         path: File or directory.
         pos_embed_resize: "jax" | "bilinear" | "bicubic"; default "jax" for `.npz`, "bicubic" otherwise.
         strict: Raise when tensors are missing or left over (see `apply_state_dict`).
+        checkpoint_grid: The checkpoint's patch grid (gh, gw), needed only to resample a non-square table from a
+            file that does not say its size (square grids are inferred; ours and transformers' store it).
 
     Returns:
         What was loaded, resampled, replaced, dropped and missing.
@@ -52,6 +55,8 @@ def load_weights(
     if pos_embed_resize is not None and pos_embed_resize not in RESIZE_MODES:
         raise ValueError(f"pos_embed_resize must be one of {RESIZE_MODES}, got {pos_embed_resize!r}")
     ckpt = read_checkpoint(path)
+    if checkpoint_grid is not None:
+        ckpt.grid = tuple(checkpoint_grid)
     return _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
 
 

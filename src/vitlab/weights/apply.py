@@ -105,8 +105,11 @@ def apply_state_dict(
             n = src.shape[1] - prefix
             try:
                 grid = tuple(src_grid) if src_grid is not None else infer_grid(n)
-            except ValueError as e:
-                raise ShapeMismatchError(f"{report.source}: cannot resample pos_embed: {e}") from None
+            except ValueError:
+                raise ShapeMismatchError(
+                    f"{report.source}: cannot resample pos_embed: its {n} patch rows are not a square grid and the "
+                    "file does not say its size; pass checkpoint_grid=(gh, gw) to load_weights"
+                ) from None
             if grid[0] * grid[1] != n:
                 raise ShapeMismatchError(
                     f"{report.source}: pos_embed has {n} patch rows, which does not fit the checkpoint's grid {grid}"
