@@ -43,6 +43,8 @@ class DataConfig:
             "center_crop" resizes the shorter side to img_size / eval_crop_fraction and crops the centre.
         eval_crop_fraction: Crop fraction for eval_resize="center_crop" (0.875 is the ImageNet habit).
         strict: Raise on a corrupt, truncated or non-image file instead of skipping it with a warning.
+        verify_files: imagefolder: check every file up front with PIL's verify (header, PNG checksums; no
+            decode). Off for huge trees: bad files are then only found, and handled, when decoded.
         max_image_pixels: Refuse images with more pixels than this (decompression bombs); None keeps
             PIL's default (about 89 M pixels).
         num_workers: DataLoader worker processes for file datasets (imagefolder, webdataset).
@@ -69,6 +71,7 @@ class DataConfig:
     eval_resize: str = "resize"
     eval_crop_fraction: float = 0.875
     strict: bool = False
+    verify_files: bool = True
     max_image_pixels: int | None = None
     num_workers: int = 0
     shuffle_buffer: int = 10_000

@@ -51,9 +51,12 @@ def decode_image(src: str | bytes, in_chans: int, *, max_pixels: int | None = No
         raise ValueError(f"image files decode to 1 or 3 channels, got in_chans={in_chans}")
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
     try:
+        if isinstance(src, str):
+            with open(src, "rb") as f:  # read once; nothing is left open whatever happens next
+                src = f.read()
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(src) if isinstance(src, bytes) else src)
+            img = Image.open(io.BytesIO(src))
             if limit and img.width * img.height > limit:
                 raise BadImageError(
                     f"{label}: refused as a decompression bomb: declares {img.width}x{img.height} = "

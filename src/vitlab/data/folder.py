@@ -1,0 +1,347 @@
+"""ImageFolder trees (root/<class>/<image>): an up-front scan, bad-file handling, and file-based streams.
+
+Bad data never stops a run. The scan (PIL verify: header and, for PNG, checksums; no full decode) drops
+non-image, corrupt and oversized files, warns naming each, and counts them in the report; what the scan
+cannot see (a truncated JPEG body) fails at decode time, where a training sample is replaced by the next
+good file of the dataset (deterministically) and an evaluation sample is dropped, again warned and counted.
+In strict mode every bad file is an error. A missing root, a tree without class folders, or a class folder
+without a single good image is an error before training starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from .arrays import stratified_holdout
+from .batch_augment import derive_seed
+from .config import DataConfig
+from .images import (
+    BadImageError,
+    BadImageWarning,
+    decode_image,
+    eval_transform,
+    pil_to_tensor,
+    train_transform,
+    verify_image,
+)
+from .position import Position, epoch_permutation
+from .stream import Batch, EvalData, TrainStream
+
+MAX_WARNINGS = 20  # individual warnings per scan / stream; the rest are summarised and all are in the report
+MAX_REPLACEMENT_TRIES = 16
+
+
+@dataclass
+class FileIndex:
+    """The good files of a tree: paths, int64 labels, class names, and what was skipped."""
+
+    paths: list[str]
+    labels: np.ndarray
+    classes: list[str]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    hidden: int = 0
+
+    def subset(self, idx: np.ndarray) -> FileIndex:
+        return FileIndex([self.paths[i] for i in idx], self.labels[idx], self.classes, self.skipped, self.hidden)
+
+
+class _Warner:
+    """Warn for the first MAX_WARNINGS bad files, then once more with the count."""
+
+    def __init__(self, what: str):
+        self.what, self.count = what, 0
+
+    def __call__(self, path: str, reason: str, action: str) -> None:
+        self.count += 1
+        if self.count <= MAX_WARNINGS:
+            warnings.warn(f"{self.what}: {action} {path}: {reason}", BadImageWarning, stacklevel=3)
+        elif self.count == MAX_WARNINGS + 1:
+            warnings.warn(f"{self.what}: more bad files; further ones are only counted in the report",
+                          BadImageWarning, stacklevel=3)
+
+
+def scan_tree(
+    root: str,
+    *,
+    classes: list[str] | None = None,
+    verify: bool = True,
+    strict: bool = False,
+    max_pixels: int | None = None,
+) -> FileIndex:
+    """List a class tree's images, dropping bad files (or raising in strict mode).
+
+    Args:
+        root: The folder whose sub-folders are the classes (sorted by name; hidden ones ignored).
+        classes: The label space to use (a test tree's folders must be among the training tree's classes).
+        verify: Check every file with PIL's verify (cheap) instead of trusting it until it is decoded.
+        strict: Raise BadImageError on the first bad file instead of skipping it.
+        max_pixels: Decompression-bomb limit (None: PIL's).
+
+    Raises:
+        FileNotFoundError: root does not exist.
+        ValueError: No class folders, an empty class folder, or a class unknown to `classes`.
+    """
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"image folder root {root!r} does not exist or is not a directory")
+    dirs = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not dirs:
+        raise ValueError(f"image folder {root!r} has no class sub-folders (expected root/<class>/<image files>)")
+    if classes is None:
+        classes = dirs
+    else:
+        unknown = sorted(set(dirs) - set(classes))
+        if unknown:
+            raise ValueError(f"image folder {root!r} has classes {unknown} that the training set does not have")
+    label_of = {c: i for i, c in enumerate(classes)}
+    warn = _Warner(f"image folder {root}")
+    paths, labels, skipped, hidden = [], [], [], 0
+    for name in dirs:
+        good = 0
+        for dirpath, subdirs, files in os.walk(os.path.join(root, name), followlinks=True):
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            for fname in sorted(files):
+                if fname.startswith("."):
+                    hidden += 1
+                    continue
+                path = os.path.join(dirpath, fname)
+                reason = verify_image(path, max_pixels=max_pixels) if verify else None
+                if reason is not None:
+                    if strict:
+                        raise BadImageError(f"{path}: {reason}")
+                    warn(path, reason, "skipping")
+                    skipped.append({"path": path, "reason": reason})
+                    continue
+                paths.append(path)
+                labels.append(label_of[name])
+                good += 1
+        if good == 0:
+            bad = sum(1 for s in skipped if s["path"].startswith(os.path.join(root, name) + os.sep))
+            raise ValueError(
+                f"class folder {os.path.join(root, name)!r} has no usable images"
+                + (f" ({bad} bad files skipped)" if bad else " (it is empty)")
+            )
+    return FileIndex(paths, np.asarray(labels, dtype=np.int64), list(classes), skipped, hidden)
+
+
+@functools.lru_cache(maxsize=8)
+def _scan_cached(root: str, classes: tuple[str, ...] | None, verify: bool, strict: bool, max_pixels: int | None,
+                 stamp: tuple) -> FileIndex:
+    del stamp  # cache key only
+    return scan_tree(root, classes=list(classes) if classes else None, verify=verify, strict=strict,
+                     max_pixels=max_pixels)
+
+
+def _scan(root: str, cfg: DataConfig, classes: list[str] | None = None) -> FileIndex:
+    """scan_tree, once per process for an unchanged tree (train stream and val/test data share it)."""
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"image folder root {root!r} does not exist or is not a directory")
+    stamp = tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(root) if e.is_dir()))
+    return _scan_cached(os.path.abspath(root), tuple(classes) if classes else None, cfg.verify_files, cfg.strict,
+                        cfg.max_image_pixels, stamp)
+
+
+def folder_roots(cfg: DataConfig) -> tuple[str, str | None]:
+    """(training tree, test tree or None) of an imagefolder config."""
+    root = cfg.root
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"data.root {root!r} does not exist or is not a directory")
+    train = os.path.join(root, cfg.train_subdir)
+    has_split = os.path.isdir(train)
+    train = train if has_split else root
+    if cfg.test_root:
+        test = cfg.test_root
+    elif os.path.isdir(os.path.join(root, cfg.test_subdir)):
+        test = os.path.join(root, cfg.test_subdir)
+    else:
+        test = None if has_split else root  # a single class tree: evaluating "test" reads that tree
+    return train, test
+
+
+def folder_split(cfg: DataConfig, split: str) -> tuple[FileIndex, dict[str, Any]]:
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"split must be one of ('train', 'val', 'test'), got {split!r}")
+    if split == "val" and cfg.val_fraction <= 0:
+        raise ValueError("split 'val' is the hold-out part of train; set data.val_fraction > 0 (e.g. 0.02)")
+    train_root, test_root = folder_roots(cfg)
+    train = _scan(train_root, cfg)
+    if split == "test":
+        if test_root is None:
+            raise FileNotFoundError(
+                f"no test tree: {os.path.join(cfg.root, cfg.test_subdir)!r} does not exist; set data.test_root"
+            )
+        index = train if os.path.abspath(test_root) == os.path.abspath(train_root) else _scan(
+            test_root, cfg, train.classes)
+        root = test_root
+    else:
+        tr, va = stratified_holdout(train.labels, cfg.val_fraction, cfg.val_seed)
+        index, root = train.subset(tr if split == "train" else va), train_root
+    if cfg.class_names is not None:
+        if len(cfg.class_names) != len(index.classes):
+            raise ValueError(f"data.class_names has {len(cfg.class_names)} names; the tree has "
+                             f"{len(index.classes)} classes")
+        index = FileIndex(index.paths, index.labels, list(cfg.class_names), index.skipped, index.hidden)
+    report = {
+        "dataset": "imagefolder",
+        "root": root,
+        "split": split,
+        "samples": len(index.paths),
+        "num_skipped": len(index.skipped),
+        "skipped": list(index.skipped),
+        "hidden_files_ignored": index.hidden,
+    }
+    return index, report
+
+
+class FolderDataset(Dataset):
+    """Map-style dataset whose keys are (index, augmentation key or None).
+
+    Returns (image float32 (C, H, W) or None, label, [(path, reason), ...] of files that failed to decode).
+    With `replace`, a file that fails is replaced by the next good one in the index.
+    """
+
+    def __init__(self, index: FileIndex, transform, in_chans: int, *, replace: bool, strict: bool,
+                 max_pixels: int | None):
+        self.index, self.transform, self.in_chans = index, transform, in_chans
+        self.replace, self.strict, self.max_pixels = replace, strict, max_pixels
+
+    def __len__(self) -> int:
+        return len(self.index.paths)
+
+    def __getitem__(self, key: tuple[int, tuple[int, ...] | None]):
+        i, aug_key = key
+        n, bad = len(self.index.paths), []
+        for attempt in range(MAX_REPLACEMENT_TRIES if self.replace else 1):
+            j = (i + attempt) % n
+            path = self.index.paths[j]
+            try:
+                img = pil_to_tensor(decode_image(path, self.in_chans, max_pixels=self.max_pixels))
+            except BadImageError as e:
+                if self.strict:
+                    raise
+                bad.append((path, str(e)))
+                continue
+            if aug_key is None:
+                return self.transform(img), int(self.index.labels[j]), bad
+            with torch.random.fork_rng(devices=[]):  # per-sample randomness from its key, not from history
+                torch.manual_seed(derive_seed(*aug_key))
+                return self.transform(img), int(self.index.labels[j]), bad
+        if self.replace:
+            raise RuntimeError(f"{MAX_REPLACEMENT_TRIES} consecutive files from {self.index.paths[i]} failed to "
+                               "decode; the data set looks broken (see the warnings)")
+        return None, int(self.index.labels[i]), bad
+
+
+def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, str]]]:
+    """Stack the good samples; pass the bad-file notes through."""
+    bad = [b for _, _, bs in items for b in bs]
+    good = [(x, y) for x, y, _ in items if x is not None]
+    if not good:
+        return torch.empty(0), torch.empty(0, dtype=torch.long), bad
+    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good], dtype=torch.long), bad
+
+
+class _GlobalOrder:
+    """Batch sampler: this rank's keys for every step from a starting position on, endlessly."""
+
+    def __init__(self, n: int, start: Position, stream: TrainStream):
+        self.n, self.start, self.s = n, Position(start.epoch, start.step), stream
+
+    def __iter__(self) -> Iterator[list[tuple[int, tuple[int, ...]]]]:
+        s, epoch, step = self.s, self.start.epoch, self.start.step
+        G, B, r = s.global_batch, s.batch_size, s.rank
+        while True:
+            perm = epoch_permutation(s.seed, epoch, self.n)
+            for t in range(step, s.steps_per_epoch):
+                mine = perm[t * G : (t + 1) * G][r * B : (r + 1) * B].tolist()
+                yield [(i, (s.seed, epoch, t, r * B + k)) for k, i in enumerate(mine)]
+            epoch, step = epoch + 1, 0
+
+
+class FileTrainStream(TrainStream):
+    """TrainStream over a FileIndex, decoded and augmented image by image (torchvision.transforms.v2) in
+    DataLoader workers, each sample under the seed of its (epoch, step, position in the global batch)."""
+
+    def __init__(self, index: FileIndex, cfg: DataConfig, *, img_size, in_chans: int, report: dict[str, Any],
+                 **kw: Any):
+        super().__init__(name="imagefolder", classes=index.classes, epoch_size=len(index.paths), report=report, **kw)
+        self.cfg = cfg
+        self.dataset = FolderDataset(index, train_transform(cfg, img_size, in_chans), in_chans, replace=True,
+                                     strict=cfg.strict, max_pixels=cfg.max_image_pixels)
+        self.report.setdefault("replaced_at_load", [])
+        self._warn = _Warner("training stream")
+        self._seen_bad: set[str] = set()
+        self._it: Iterator | None = None
+
+    def _restart(self) -> None:
+        self._it = None  # the old iterator (and its workers) is dropped; the next batch starts a new one
+
+    def __next__(self) -> Batch:
+        if self._it is None:
+            loader = DataLoader(
+                self.dataset,
+                batch_sampler=_GlobalOrder(len(self.dataset), self.position, self),
+                num_workers=self.cfg.num_workers,
+                collate_fn=collate,
+                generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
+            )
+            self._it = iter(loader)
+        x, y, bad = next(self._it)
+        for path, reason in bad:
+            if path not in self._seen_bad:
+                self._seen_bad.add(path)
+                self._warn(path, reason, "replaced")
+                self.report["replaced_at_load"].append({"path": path, "reason": reason})
+        self.report["num_replaced"] = len(self.report["replaced_at_load"])
+        self.position.advance(self.steps_per_epoch)
+        return x, y
+
+
+class FileEvalData(EvalData):
+    """EvalData over a FileIndex: deterministic resize, bad files dropped from their batch and reported."""
+
+    def __init__(self, index: FileIndex, cfg: DataConfig, *, img_size, in_chans: int, batch_size: int,
+                 report: dict[str, Any]):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        tf = eval_transform(img_size, in_chans, normalize=cfg.normalize, resize=cfg.eval_resize,
+                            crop_fraction=cfg.eval_crop_fraction)
+        self.dataset = FolderDataset(index, tf, in_chans, replace=False, strict=cfg.strict,
+                                     max_pixels=cfg.max_image_pixels)
+        self.cfg, self.classes, self.batch_size, self.report = cfg, index.classes, batch_size, report
+        self.num_samples = len(index.paths)
+        self.report.setdefault("dropped_at_load", [])
+        self._warn = _Warner("evaluation data")
+
+    def __iter__(self) -> Iterator[Batch]:
+        n = len(self.dataset)
+        batches = [[(i, None) for i in range(s, min(s + self.batch_size, n))] for s in range(0, n, self.batch_size)]
+        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.cfg.num_workers,
+                            collate_fn=collate, generator=torch.Generator().manual_seed(0))
+        seen = {d["path"] for d in self.report["dropped_at_load"]}
+        for x, y, bad in loader:
+            for path, reason in bad:
+                if path not in seen:
+                    seen.add(path)
+                    self._warn(path, reason, "dropped")
+                    self.report["dropped_at_load"].append({"path": path, "reason": reason})
+            if len(y):
+                yield x, y
+
+
+def build_folder_train_stream(cfg: DataConfig, *, img_size, in_chans: int, **kw: Any) -> FileTrainStream:
+    index, report = folder_split(cfg, "train")
+    return FileTrainStream(index, cfg, img_size=img_size, in_chans=in_chans, report=report, **kw)
+
+
+def build_folder_eval_data(cfg: DataConfig, split: str, *, img_size, in_chans: int, batch_size: int) -> FileEvalData:
+    index, report = folder_split(cfg, split)
+    return FileEvalData(index, cfg, img_size=img_size, in_chans=in_chans, batch_size=batch_size, report=report)
