@@ -42,11 +42,13 @@ def main() -> None:
     t0 = time.perf_counter()
     result = analyze(model, images, batch_size=args.batch_size, layer_maps=[0, -1])
     seconds = time.perf_counter() - t0
+    peak_analyze = peak_rss_gib()
     if args.output:
         write_report(result, args.output, overwrite=True)
-    print("| model | img | images | batch | peak RSS (GiB) | RSS before (GiB) | all maps at once (GiB) | time (s) |")
-    print(f"| {args.model} | {args.img_size} | {args.images} | {args.batch_size} | {peak_rss_gib():.2f} | "
-          f"{base:.2f} | {all_at_once:.1f} | {seconds:.0f} |")
+    print("| model | img | images | batch | peak RSS: analysis (GiB) | + report (GiB) | before (GiB) "
+          "| all maps at once (GiB) | time (s) |")
+    print(f"| {args.model} | {args.img_size} | {args.images} | {args.batch_size} | {peak_analyze:.2f} | "
+          f"{peak_rss_gib():.2f} | {base:.2f} | {all_at_once:.1f} | {seconds:.0f} |")
 
 
 if __name__ == "__main__":

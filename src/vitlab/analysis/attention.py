@@ -60,10 +60,12 @@ def mean_attention_distance(
             f"expected attention of shape (B, heads, T, T) with T = {num_prefix_tokens} + {grid[0]}*{grid[1]}, "
             f"got {tuple(attn.shape)}"
         )
-    a = attn[..., num_prefix_tokens:, num_prefix_tokens:].double()  # (B, heads, N, N): patches only
-    a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)  # renormalise over the patch keys
-    dist = patch_distances(grid, patch_size).to(a.device)  # (N, N)
-    per_query = (a * dist).sum(-1)  # (B, heads, N)
+    dist = patch_distances(grid, patch_size).to(attn.device)  # (N, N)
+    per_query = torch.empty((*attn.shape[:2], n), dtype=torch.float64, device=attn.device)  # (B, heads, N)
+    for h in range(attn.shape[1]):  # one head at a time: float64 copies of (B, N, N), not (B, heads, N, N)
+        a = attn[:, h, num_prefix_tokens:, num_prefix_tokens:].double()  # (B, N, N): patches only
+        a = a / a.sum(-1, keepdim=True).clamp_min(1e-12)  # renormalise over the patch keys
+        per_query[:, h] = (a * dist).sum(-1)
     return per_query.mean(-1)  # (B, heads)
 
 
@@ -77,7 +79,7 @@ def rollout_step(rollout: torch.Tensor | None, attn: torch.Tensor) -> torch.Tens
     Returns:
         (B, T, T): A_l @ rollout with A_l = rownorm(mean_heads(attn) + I).
     """
-    a = attn.double().mean(1)  # (B, T, T): heads averaged
+    a = attn.mean(1).double()  # (B, T, T): heads averaged
     a = a + torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)  # the residual connection
     a = a / a.sum(-1, keepdim=True)  # rows sum to one again
     return a if rollout is None else a @ rollout
