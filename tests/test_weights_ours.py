@@ -111,3 +111,21 @@ def test_load_weights_into_existing_model_and_errors(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(WeightsError, match=r"junk\.safetensors"):
         vitlab.load_weights(dst, tmp_path / "junk.safetensors")
+
+
+def test_loaded_model_is_a_plain_trainable_model_independent_of_its_file(tmp_path):
+    model = tiny()
+    path = vitlab.save_weights(model, tmp_path / "m.safetensors")
+    loaded = vitlab.load_model(path)
+    assert type(loaded) is vitlab.VisionTransformer
+    params = dict(loaded.named_parameters())
+    assert params.keys() == dict(model.named_parameters()).keys()
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad and p.device.type == "cpu"
+               for p in params.values())
+    with open(path, "r+b") as f:  # the file changing or vanishing under a loaded model must not affect it
+        f.truncate(16)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+    loaded.train()
+    loaded(x).square().sum().backward()
+    assert all(p.grad is not None for p in loaded.parameters())

@@ -6,6 +6,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from ..config import RESIZE_MODES, ViTConfig
 from ..model import VisionTransformer
 from . import npz, ours
@@ -61,9 +64,9 @@ def load_weights(
 
 
 def _apply(model: VisionTransformer, ckpt: Checkpoint, report: LoadReport, resize: str | None,
-           strict: bool) -> LoadReport:
+           strict: bool, assign: bool = False) -> LoadReport:
     apply_state_dict(model, ckpt.state, report, src_grid=ckpt.grid, resize=resize or ckpt.default_resize,
-                     strict=strict)
+                     strict=strict, assign=assign)
     for msg in report.messages:
         log.info("%s: %s", report.source, msg)
     return report
@@ -143,12 +146,32 @@ def load_model(
     if overrides:
         cfg = cfg.replace(**overrides)
     try:
-        model = VisionTransformer(cfg)
+        model = _uninitialised(cfg)
     except ValueError as e:
         raise WeightsError(f"{ckpt.source}: cannot build the model: {e}") from e
-    _apply(model, ckpt, report, pos_embed_resize, strict=True)
+    # strict: every parameter is then loaded, resampled, or (the head) replaced and zeroed; none is left empty
+    _apply(model, ckpt, report, pos_embed_resize, strict=True, assign=True)
     model.eval()
     return (model, report) if return_report else model
+
+
+class _NoInit(VisionTransformer):
+    def init_weights(self) -> None:  # every tensor is about to be overwritten by the checkpoint
+        pass
+
+
+def _uninitialised(cfg: ViTConfig) -> VisionTransformer:
+    """A VisionTransformer with CPU storage that is not initialised: built on the meta device, without
+    init_weights (whose random draws cost seconds for the large variants, and on meta a one-time import)."""
+    with torch.device("meta"):
+        model = _NoInit(cfg)
+    for module in model.modules():  # Module.to_empty would do, but on meta tensors it imports sympy (seconds)
+        for name, p in list(module.named_parameters(recurse=False)):
+            module.register_parameter(name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad))
+        for name, b in list(module.named_buffers(recurse=False)):
+            module.register_buffer(name, torch.empty(b.shape, dtype=b.dtype))
+    model.__class__ = VisionTransformer  # a plain VisionTransformer from here on
+    return model
 
 
 def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:

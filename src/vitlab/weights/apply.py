@@ -23,6 +23,7 @@ def apply_state_dict(
     src_grid: tuple[int, int] | None = None,
     resize: str = "bicubic",
     strict: bool = True,
+    assign: bool = False,
 ) -> LoadReport:
     """Load `state` (timm names) into `model` in place, recording every decision in `report`.
 
@@ -34,6 +35,8 @@ def apply_state_dict(
         resize: Position-embedding resampling mode ("jax", "bilinear", "bicubic").
         strict: Raise on checkpoint tensors the model has no place for, and on missing ones (other than the
             head, which fine-tuning replaces anyway). With False they are only listed in the report.
+        assign: Make the checkpoint's tensors the model's parameters instead of copying into them (no second
+            copy in memory; for a freshly built model).
 
     Raises:
         ShapeMismatchError: a tensor's shape differs and neither resampling nor head replacement applies.
@@ -149,11 +152,15 @@ def apply_state_dict(
         )
 
     with torch.no_grad():
-        params = dict(model.named_parameters())
-        params.update(dict(model.named_buffers()))
-        for name, value in updates.items():
-            params[name].copy_(value.to(dtype=params[name].dtype))
-            report.loaded.append(name)
+        if assign:
+            model.load_state_dict({k: v.to(dtype=target[k].dtype) for k, v in updates.items()}, strict=False,
+                                  assign=True)
+        else:
+            params = dict(model.named_parameters())
+            params.update(dict(model.named_buffers()))
+            for name, value in updates.items():
+                params[name].copy_(value.to(dtype=params[name].dtype))
+    report.loaded.extend(updates)
     return report
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save_file
 
 from ..config import ViTConfig
 from .io import atomic_output
@@ -76,8 +76,12 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of a .safetensors file, on the CPU."""
+    """All tensors of a .safetensors file, on the CPU, in memory of their own.
+
+    `safetensors.torch.load_file` returns tensors backed by a mapping of the file, which later writes to the
+    file show through (and truncating it crashes the process); a model must not depend on its file like that.
+    """
     try:
-        return load_file(str(path), device="cpu")
+        return load(Path(path).read_bytes())
     except (SafetensorError, OSError) as e:
         raise WeightsError(f"could not read {path} as .safetensors: {e}") from e
