@@ -250,20 +250,32 @@ def collate(items: list) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, st
 
 
 class _GlobalOrder:
-    """Batch sampler: this rank's keys for every step from a starting position on, endlessly."""
+    """Batch sampler: this rank's keys for every step from a starting position on, endlessly.
 
-    def __init__(self, n: int, start: Position, stream: TrainStream):
-        self.n, self.start, self.s = n, Position(start.epoch, start.step), stream
+    Holds plain numbers, not the stream, so the stream -> loader -> sampler chain has no reference cycle
+    (a cycle would leave worker shutdown to the garbage collector).
+    """
+
+    def __init__(self, n: int, start: Position, *, seed: int, steps_per_epoch: int, batch_size: int, rank: int,
+                 world_size: int):
+        self.n, self.epoch, self.step = n, start.epoch, start.step
+        self.seed, self.steps, self.B, self.r, self.G = seed, steps_per_epoch, batch_size, rank, batch_size * world_size
 
     def __iter__(self) -> Iterator[list[tuple[int, tuple[int, ...]]]]:
-        s, epoch, step = self.s, self.start.epoch, self.start.step
-        G, B, r = s.global_batch, s.batch_size, s.rank
+        epoch, step, G, B, r = self.epoch, self.step, self.G, self.B, self.r
         while True:
-            perm = epoch_permutation(s.seed, epoch, self.n)
-            for t in range(step, s.steps_per_epoch):
+            perm = epoch_permutation(self.seed, epoch, self.n)
+            for t in range(step, self.steps):
                 mine = perm[t * G : (t + 1) * G][r * B : (r + 1) * B].tolist()
-                yield [(i, (s.seed, epoch, t, r * B + k)) for k, i in enumerate(mine)]
+                yield [(i, (self.seed, epoch, t, r * B + k)) for k, i in enumerate(mine)]
             epoch, step = epoch + 1, 0
+
+
+def shutdown(it: Iterator | None) -> None:
+    """Stop a DataLoader iterator's worker processes now rather than whenever it is collected."""
+    stop = getattr(it, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
 
 
 class FileTrainStream(TrainStream):
@@ -282,13 +294,23 @@ class FileTrainStream(TrainStream):
         self._it: Iterator | None = None
 
     def _restart(self) -> None:
-        self._it = None  # the old iterator (and its workers) is dropped; the next batch starts a new one
+        shutdown(getattr(self, "_it", None))  # the next batch starts a new iterator at the restored position
+        self._it = None
+
+    def close(self) -> None:
+        """Stop the worker processes (also done when the stream is collected)."""
+        self._restart()
+
+    def __del__(self) -> None:
+        self._restart()
 
     def __next__(self) -> Batch:
         if self._it is None:
             loader = DataLoader(
                 self.dataset,
-                batch_sampler=_GlobalOrder(len(self.dataset), self.position, self),
+                batch_sampler=_GlobalOrder(len(self.dataset), self.position, seed=self.seed,
+                                           steps_per_epoch=self.steps_per_epoch, batch_size=self.batch_size,
+                                           rank=self.rank, world_size=self.world_size),
                 num_workers=self.cfg.num_workers,
                 collate_fn=collate,
                 generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG

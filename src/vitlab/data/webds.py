@@ -1,0 +1,369 @@
+"""WebDataset tar shards (the `webdataset` library) for data too large for one disk or machine.
+
+A sample is the tar members sharing a key: an image (.jpg/.jpeg/.png/.webp/...) and its integer label
+(.cls). Training is deterministic per epoch and resumable without decoding anything twice:
+
+- epoch e visits the shards in the permutation drawn from (seed, e); rank r of world_size reads shards
+  r, r + world_size, ... of it (WebDataset's usual split by shard, so DDP ranks see disjoint data; unlike the
+  other datasets, their batches are not slices of one single-process batch);
+- within a rank, logical worker w of num_workers reads every num_workers-th of those shards, in a shuffle
+  buffer seeded by (seed, e, r, w), and produces the steps t with t % num_workers == w; a worker whose shards
+  run out goes round them again, so every rank has exactly `steps_per_epoch` batches per epoch;
+- each sample is augmented under the seed (seed, e, r, t, position), so resuming at (e, t) re-reads the raw
+  bytes before t (no decoding) and then produces exactly the batches an uninterrupted run would have.
+
+Bad samples (undecodable image, missing or malformed label, unreadable tar member) are skipped with a
+warning and counted in the report, or raise in strict mode.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from webdataset.shardlists import expand_urls
+from webdataset.tariterators import group_by_keys, tar_file_iterator
+
+from .batch_augment import derive_seed
+from .config import DataConfig
+from .folder import _Warner, shutdown
+from .images import BadImageError, decode_image, eval_transform, pil_to_tensor, train_transform
+from .position import Position, epoch_permutation
+from .stream import Batch, EvalData, TrainStream
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff", "gif")
+LABEL_EXTS = ("cls", "class", "label")
+
+
+def expand_shards(pattern: str) -> list[str]:
+    """"/d/train-{000..009}.tar" (and "a.tar::b.tar") -> the shard list; an empty result is an error."""
+    shards = list(expand_urls(pattern))
+    if not shards:
+        raise ValueError(f"shard pattern {pattern!r} expands to no shards")
+    return shards
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    base = os.path.basename(name)
+    head, dot, ext = base.partition(".")
+    return os.path.join(os.path.dirname(name), head), ext.lower() if dot else ""
+
+
+def count_local_shards(shards: list[str]) -> tuple[int, int, list[int]]:
+    """Read the tar headers (and the small label members) of local shards.
+
+    Returns:
+        (samples with an image, number of classes = largest label + 1, samples per shard).
+    """
+    total, max_label, per_shard = 0, -1, []
+    for shard in shards:
+        if not os.path.isfile(shard):
+            raise FileNotFoundError(f"shard {shard!r} does not exist")
+        keys_with_image, labels = set(), {}
+        try:
+            with tarfile.open(shard, "r:*") as tar:
+                for m in tar:
+                    if not m.isfile():
+                        continue
+                    key, ext = _split_name(m.name)
+                    if ext in IMAGE_EXTS:
+                        keys_with_image.add(key)
+                    elif ext in LABEL_EXTS:
+                        f = tar.extractfile(m)
+                        try:
+                            labels[key] = int(f.read(32).decode("ascii").strip()) if f else -1
+                        except ValueError:
+                            labels[key] = -1
+        except (tarfile.TarError, OSError) as e:
+            raise ValueError(f"shard {shard!r} is not a readable tar file ({e})") from e
+        n = len(keys_with_image)
+        per_shard.append(n)
+        total += n
+        good = [labels[k] for k in keys_with_image if labels.get(k, -1) >= 0]
+        max_label = max([max_label, *good])
+    return total, max_label + 1, per_shard
+
+
+def _is_local(shards: list[str]) -> bool:
+    """True for plain file paths (which must then all exist); False for URLs and pipes."""
+    if any("://" in s or s.startswith("pipe:") for s in shards):
+        return False
+    missing = [s for s in shards if not os.path.isfile(s)]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of {len(shards)} shards do not exist, e.g. {missing[0]!r}")
+    return True
+
+
+class _RecordingHandler:
+    """webdataset error handler: note the exception against its shard (or re-raise in strict mode), go on."""
+
+    def __init__(self, shard: str, strict: bool, notes: list[tuple[str, str]]):
+        self.shard, self.strict, self.notes = shard, strict, notes
+
+    def __call__(self, exn: Exception) -> bool:
+        if self.strict:
+            raise exn
+        self.notes.append((self.shard, f"unreadable tar data ({exn!r})"))
+        return True
+
+
+def _raw_samples(shards: list[str], strict: bool, notes: list) -> Iterator[dict[str, Any]]:
+    """Samples (dicts of member bytes) of the shards, in order, through webdataset's tar reader and grouper.
+
+    Each shard is opened in a `with` block, so a stream abandoned mid-shard still closes its file.
+    """
+    for shard in shards:
+        handler = _RecordingHandler(shard, strict, notes)
+        try:
+            stream = wds.gopen(shard)
+        except Exception as e:
+            handler(e)
+            continue
+        with stream:
+            files = ({**f, "__url__": shard} for f in tar_file_iterator(stream, handler=handler))
+            yield from group_by_keys(files, handler=handler)
+
+
+def _shuffled(samples: Iterator[dict[str, Any]], bufsize: int, seed: int) -> Iterator[dict[str, Any]]:
+    """A deterministic shuffle buffer: fill, then emit a random element and put the next sample in its slot."""
+    rng, buf = random.Random(seed), []
+    for s in samples:
+        if len(buf) < bufsize:
+            buf.append(s)
+            continue
+        i = rng.randrange(len(buf))
+        buf[i], s = s, buf[i]
+        yield s
+    rng.shuffle(buf)
+    yield from buf
+
+
+def _decode(sample: dict[str, Any], in_chans: int, max_pixels: int | None) -> tuple[torch.Tensor, int]:
+    name = f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}"
+    img_key = next((k for k in IMAGE_EXTS if k in sample), None)
+    if img_key is None:
+        raise BadImageError(f"{name}: no image member ({', '.join(IMAGE_EXTS)})")
+    label_key = next((k for k in LABEL_EXTS if k in sample), None)
+    if label_key is None:
+        raise BadImageError(f"{name}: no label member (.cls)")
+    try:
+        label = int(bytes(sample[label_key]).decode("ascii").strip())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadImageError(f"{name}: label {bytes(sample[label_key])[:20]!r} is not an integer") from e
+    return pil_to_tensor(decode_image(bytes(sample[img_key]), in_chans, max_pixels=max_pixels, name=name)), label
+
+
+@dataclass
+class _Plan:
+    """What a worker needs to know about the stream (plain values: no reference back to the stream)."""
+
+    cfg: DataConfig
+    shards: list[str]
+    seed: int
+    rank: int
+    world_size: int
+    batch_size: int
+    steps_per_epoch: int
+    logical_workers: int
+    num_classes: int
+    in_chans: int
+    transform: Any
+
+
+class _EpochShards(IterableDataset):
+    """One epoch of one rank: logical worker w yields its steps' batches (see the module docstring)."""
+
+    def __init__(self, plan: _Plan, epoch: int, start_step: int):
+        self.s, self.epoch, self.start = plan, epoch, start_step
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, list]]:
+        s, e = self.s, self.epoch
+        nw = s.logical_workers
+        info = get_worker_info()
+        # DataLoader worker i plays logical worker (start + i) % nw, so round-robin order is step order
+        w = ((info.id if info else 0) + self.start) % nw
+        order = epoch_permutation(s.seed, e, len(s.shards)).tolist()
+        rank_shards = [s.shards[i] for i in order[s.rank :: s.world_size]]
+        mine = rank_shards[w::nw]
+        notes: list[tuple[str, str]] = []
+        samples = self._endless(mine, e, w, notes)
+        done = sum(1 for t in range(self.start) if t % nw == w)  # batches this worker made before `start`
+        for _ in range(done * s.batch_size):
+            next(samples)  # raw bytes only: nothing decoded
+        for t in range(self.start, s.steps_per_epoch):
+            if t % nw != w:
+                continue
+            xs, ys, k = [], [], 0
+            while k < s.batch_size:
+                sample = next(samples)
+                try:
+                    img, label = _decode(sample, s.in_chans, s.cfg.max_image_pixels)
+                except BadImageError as exc:
+                    if s.cfg.strict:
+                        raise
+                    notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", str(exc)))
+                    continue
+                if not 0 <= label < s.num_classes:
+                    if s.cfg.strict:
+                        raise BadImageError(f"{sample.get('__key__')}: label {label} outside [0, {s.num_classes})")
+                    notes.append((str(sample.get("__key__")), f"label {label} outside [0, {s.num_classes})"))
+                    continue
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(derive_seed(s.seed, e, s.rank, t, k))
+                    xs.append(s.transform(img))
+                ys.append(label)
+                k += 1
+            yield torch.stack(xs), torch.tensor(ys, dtype=torch.long), notes[:]
+            notes.clear()
+
+    def _endless(self, shards: list[str], e: int, w: int, notes: list) -> Iterator[dict[str, Any]]:
+        s, cycle = self.s, 0
+        while True:
+            order = shards if cycle == 0 else random.Random(derive_seed(s.seed, e, s.rank, w, cycle)).sample(
+                shards, len(shards))
+            got = False
+            raw = _raw_samples(order, s.cfg.strict, notes)
+            for sample in _shuffled(raw, s.cfg.shuffle_buffer, derive_seed(s.seed, e, s.rank, w, cycle, 0x5B)):
+                got = True
+                yield sample
+            if not got:
+                raise RuntimeError(f"shards {shards} yielded no samples")
+            cycle += 1
+
+
+class WebDatasetTrainStream(TrainStream):
+    """TrainStream over WebDataset shards (see the module docstring for order and resume)."""
+
+    def __init__(self, cfg: DataConfig, *, img_size, in_chans: int, **kw: Any):
+        self.cfg, self.in_chans = cfg, in_chans
+        self.shards = expand_shards(cfg.root)
+        if _is_local(self.shards):
+            total, num_classes, per_shard = count_local_shards(self.shards)
+        elif cfg.num_samples is None or cfg.num_classes is None:
+            raise ValueError("webdataset shards that are not local files need data.num_samples and data.num_classes")
+        else:
+            total, num_classes, per_shard = cfg.num_samples, cfg.num_classes, []
+        if cfg.val_fraction > 0:
+            raise ValueError("data.val_fraction is not supported for webdataset: hold out shards as data.test_root")
+        num_classes = cfg.num_classes or num_classes
+        if num_classes <= 0:
+            raise ValueError(f"no labelled samples (.cls) found in {cfg.root!r}")
+        classes = list(cfg.class_names) if cfg.class_names else [str(i) for i in range(num_classes)]
+        if len(classes) != num_classes:
+            raise ValueError(f"data.class_names has {len(classes)} names for {num_classes} classes")
+        super().__init__(name="webdataset", classes=classes, epoch_size=cfg.num_samples or total,
+                         report={"dataset": "webdataset", "shards": len(self.shards), "samples": total,
+                                 "samples_per_shard": per_shard, "skipped": [], "num_skipped": 0}, **kw)
+        self.logical_workers = max(1, cfg.num_workers)
+        if len(self.shards) < self.world_size * self.logical_workers:
+            raise ValueError(
+                f"{len(self.shards)} shards cannot feed world_size {self.world_size} x {self.logical_workers} "
+                "workers; write more shards or use fewer workers"
+            )
+        self.transform = train_transform(cfg, img_size, in_chans)
+        self._warn = _Warner("webdataset stream")
+        self._it: Iterator | None = None
+
+    def _restart(self) -> None:
+        shutdown(getattr(self, "_it", None))
+        self._it = None
+
+    def close(self) -> None:
+        """Stop the worker processes (also done when the stream is collected)."""
+        self._restart()
+
+    def __del__(self) -> None:
+        self._restart()
+
+    def _loader(self, pos: Position) -> Iterator:
+        plan = _Plan(self.cfg, self.shards, self.seed, self.rank, self.world_size, self.batch_size,
+                     self.steps_per_epoch, self.logical_workers, self.num_classes, self.in_chans, self.transform)
+        ds = _EpochShards(plan, pos.epoch, pos.step)
+        return iter(DataLoader(ds, batch_size=None, num_workers=self.cfg.num_workers,
+                               generator=torch.Generator().manual_seed(self.seed)))
+
+    def __next__(self) -> Batch:
+        if self._it is None:
+            self._it = self._loader(self.position)
+        try:
+            x, y, notes = next(self._it)
+        except StopIteration:  # cannot happen mid-epoch: every worker makes exactly its quota
+            raise RuntimeError("webdataset stream ended before the epoch did") from None
+        for where, reason in notes:
+            self._warn(where, reason, "skipping")
+            self.report["skipped"].append({"path": where, "reason": reason})
+        self.report["num_skipped"] = len(self.report["skipped"])
+        self.position.advance(self.steps_per_epoch)
+        if self.position.step == 0:
+            self._restart()  # the next epoch reads a new shard order
+        return x, y
+
+
+class _EvalShards(IterableDataset):
+    def __init__(self, data: WebDatasetEvalData):
+        self.d = data
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, list]]:
+        d = self.d
+        info = get_worker_info()
+        shards = d.shards[info.id :: info.num_workers] if info else d.shards
+        notes: list[tuple[str, str]] = []
+        xs, ys = [], []
+        for sample in _raw_samples(shards, d.cfg.strict, notes):
+            try:
+                img, label = _decode(sample, d.in_chans, d.cfg.max_image_pixels)
+            except BadImageError as exc:
+                if d.cfg.strict:
+                    raise
+                notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", str(exc)))
+                continue
+            xs.append(d.transform(img))
+            ys.append(label)
+            if len(xs) == d.batch_size:
+                yield torch.stack(xs), torch.tensor(ys, dtype=torch.long), notes[:]
+                xs, ys = [], []
+                notes.clear()
+        if xs or notes:
+            yield (torch.stack(xs) if xs else torch.empty(0)), torch.tensor(ys, dtype=torch.long), notes[:]
+
+
+class WebDatasetEvalData(EvalData):
+    """The "test" shards (data.test_root), read in order with a deterministic resize."""
+
+    def __init__(self, cfg: DataConfig, split: str, *, img_size, in_chans: int, batch_size: int):
+        if split != "test":
+            raise ValueError(f"webdataset evaluation reads the 'test' split from data.test_root, not {split!r}")
+        if not cfg.test_root:
+            raise ValueError("webdataset evaluation needs data.test_root (a shard pattern)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.cfg, self.in_chans, self.batch_size = cfg, in_chans, batch_size
+        self.shards = expand_shards(cfg.test_root)
+        total, num_classes = (count_local_shards(self.shards)[:2] if _is_local(self.shards)
+                              else (cfg.num_samples or 0, cfg.num_classes or 0))
+        num_classes = cfg.num_classes or num_classes
+        self.classes = list(cfg.class_names) if cfg.class_names else [str(i) for i in range(num_classes)]
+        self.num_samples = total
+        self.transform = eval_transform(img_size, in_chans, normalize=cfg.normalize, resize=cfg.eval_resize,
+                                        crop_fraction=cfg.eval_crop_fraction)
+        self.report = {"dataset": "webdataset", "split": "test", "shards": len(self.shards), "samples": total,
+                       "skipped": []}
+        self._warn = _Warner("webdataset evaluation")
+
+    def __iter__(self) -> Iterator[Batch]:
+        nw = min(self.cfg.num_workers, len(self.shards))
+        loader = DataLoader(_EvalShards(self), batch_size=None, num_workers=nw,
+                            generator=torch.Generator().manual_seed(0))
+        for x, y, notes in loader:
+            for where, reason in notes:
+                self._warn(where, reason, "dropped")
+                self.report["skipped"].append({"path": where, "reason": reason})
+            if len(y):
+                yield x, y
