@@ -139,6 +139,9 @@ def load_model(
         cfg, report.inferred, notes = infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source),
                                                    img_size_hint=overrides.get("img_size"))
         report.messages.extend(notes)
+        if ckpt.format == "hf" and "layer_norm_eps" not in ckpt.known and "layer_norm_eps" not in overrides:
+            report.messages.append("no config.json beside the transformers weights: layer_norm_eps=1e-6 assumed "
+                                   "(transformers' default is 1e-12; pass layer_norm_eps=... if it was used)")
         if report.inferred.get("img_size") is not None and ckpt.grid is None:
             ckpt.grid = _grid(report.inferred["img_size"], cfg.patch_size)
         log.info("%s: inferred from tensor shapes: %s", ckpt.source,
@@ -149,6 +152,8 @@ def load_model(
         model = _uninitialised(cfg)
     except ValueError as e:
         raise WeightsError(f"{ckpt.source}: cannot build the model: {e}") from e
+    if model is None:  # it has state outside its state dict, which only its own constructor makes
+        model = VisionTransformer(cfg)
     # strict: every parameter is then loaded, resampled, or (the head) replaced and zeroed; none is left empty
     _apply(model, ckpt, report, pos_embed_resize, strict=True, assign=True)
     model.eval()
@@ -160,11 +165,14 @@ class _NoInit(VisionTransformer):
         pass
 
 
-def _uninitialised(cfg: ViTConfig) -> VisionTransformer:
+def _uninitialised(cfg: ViTConfig) -> VisionTransformer | None:
     """A VisionTransformer with CPU storage that is not initialised: built on the meta device, without
-    init_weights (whose random draws cost seconds for the large variants, and on meta a one-time import)."""
+    init_weights (whose random draws cost seconds for the large variants, and on meta a one-time import).
+    None when the model holds tensors a checkpoint does not carry (non-persistent buffers)."""
     with torch.device("meta"):
         model = _NoInit(cfg)
+    if set(model.state_dict()) != {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}:
+        return None
     for module in model.modules():  # Module.to_empty would do, but on meta tensors it imports sympy (seconds)
         for name, p in list(module.named_parameters(recurse=False)):
             module.register_parameter(name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad))
