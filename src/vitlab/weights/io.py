@@ -34,6 +34,21 @@ def atomic_output(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
         yield tmp_path
         if path.exists() and not overwrite:  # appeared while we were writing
             raise FileExistsError(f"{path} was created while writing; not replacing it")
+        _fsync(tmp_path)  # the data is on disk before the name points at it
         os.replace(tmp_path, path)
+        _fsync(path.parent)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. directories on platforms that cannot open them
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
