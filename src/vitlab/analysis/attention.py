@@ -190,10 +190,11 @@ def analyze_attention(
                 per_layer[:, i] = mean_attention_distance(attn, grid, P, prefix).cpu()
                 rollout = rollout_step(rollout, attn)  # (b, T, T)
                 if i in maps:
-                    maps[i].append(token_maps(attn, grid, prefix).float().cpu())  # (b, heads, gh, gw)
+                    # clone: a view would keep this layer's whole (b, heads, T, T) tensor alive
+                    maps[i].append(token_maps(attn, grid, prefix).float().cpu().clone())  # (b, heads, gh, gw)
                 del attn  # one layer at a time
             dists.append(per_layer)
-            rolls.append(token_maps(rollout, grid, prefix).float().cpu())  # (b, gh, gw)
+            rolls.append(token_maps(rollout, grid, prefix).float().cpu().clone())  # (b, gh, gw)
     finally:
         model.train(was_training)
     if grid is None:

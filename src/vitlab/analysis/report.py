@@ -207,7 +207,8 @@ def plot_pos_similarity(sim: np.ndarray):
     """Fig. 7 centre: for each patch (in its grid place), its embedding's cosine similarity to all others."""
     gh, gw = sim.shape[:2]
     mosaic = similarity_mosaic(sim)
-    fig = _figure(6.0 * min(1.6, max(0.6, gw / gh)) + 1.0, 6.0)
+    side = min(16.0, max(6.0, 1.6 * max(gh, gw) * (max(gh, gw) + 1) / 110))  # >= ~1.6 screen pixels per cell
+    fig = _figure(side * min(1.6, max(0.6, gw / gh)) + 1.0, side)
     ax = fig.add_subplot()
     im = ax.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1, interpolation="nearest")
     ax.set_xticks([j * (gw + 1) + gw / 2 - 0.5 for j in range(gw)], [str(j + 1) for j in range(gw)], fontsize=6)
@@ -381,8 +382,10 @@ def write_report(result: AnalysisResult, out_dir: str | Path, overwrite: bool = 
         "num_images": len(result.images),
     }
     sections.append(("attention_rollout", "Attention rollout (Fig. 6)",
-                     "Input and input weighted by the rollout of attention through all layers "
-                     "(heads averaged, identity added, rows renormalised), from the class token.",
+                     "Input, input weighted by the rollout of attention through all layers (heads averaged, "
+                     "identity added, rows renormalised), and the rollout map; "
+                     + ("from the class token." if result.config.get("class_token") else
+                        "mean over the patch queries (no class token)."),
                      _png(plot_rollout(result.images, att.rollout))))
     figs_json["attention_rollout"] = {"maps": _tolist(att.rollout), "shape": "(n, gh, gw)", "grid": list(att.grid)}
     for i in sorted(att.layer_maps):
