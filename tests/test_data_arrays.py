@@ -281,3 +281,49 @@ def test_parse_data_spec():
     for bad in ("", "imagenet:/x", "imagefolder:", "imagefolder"):
         with pytest.raises(ValueError):
             parse_data_spec(bad)
+
+
+# ------------------------------------------------------------------------------------ batch RandAugment
+
+
+def test_batch_randaugment_matches_torchvision_per_image():
+    from vitlab.data.batch_randaugment import BatchRandAugment
+
+    x = torch.randint(0, 256, (64, 3, 20, 20), dtype=torch.uint8)
+    bra = BatchRandAugment(num_ops=2, magnitude=9)
+    ops, neg = bra.draw(np.random.default_rng(0), 64)
+    out = bra(x, ops, neg)
+    for i in range(64):  # grouping by op changes nothing: image i got exactly its own two ops
+        ref = x[i : i + 1]
+        for layer in range(2):
+            op = bra.ops[ops[layer, i]]
+            ref = bra.apply_one(ref, op, bra.magnitude_of(op, bool(neg[layer, i]), 20, 20))
+        assert torch.equal(out[i : i + 1], ref), (i, [bra.ops[o] for o in ops[:, i]])
+    # and every output of torchvision's own per-image RandAugment is one of our candidate (op, sign) outputs
+    tv = T.RandAugment(num_ops=1, magnitude=9, num_magnitude_bins=11, fill=128)
+    img = x[:1]
+    candidates = [bra.apply_one(img, op, bra.magnitude_of(op, s, 20, 20)) for op in bra.ops for s in (False, True)]
+    for seed in range(30):
+        torch.manual_seed(seed)
+        y = tv(img)
+        assert any(torch.equal(y, c) for c in candidates)
+
+
+@pytest.mark.parametrize("randaugment", [None, "2-10"])
+def test_rank_slices_with_randaugment(fmnist_root, randaugment):
+    cfg = DataConfig(val_fraction=0.99, randaugment=randaugment)
+    single = build_train_stream(cfg, img_size=32, in_chans=1, batch_size=8, seed=4)
+    ranks = [build_train_stream(cfg, img_size=32, in_chans=1, batch_size=4, seed=4, rank=r, world_size=2)
+             for r in range(2)]
+    for _ in range(3):
+        x, _ = next(single)
+        assert torch.equal(torch.cat([next(r)[0] for r in ranks]), x)
+
+
+def test_pipeline_leaves_thread_count_alone(fmnist_root):
+    n = torch.get_num_threads()
+    s = build_train_stream(DataConfig(val_fraction=0.99), img_size=32, in_chans=1, batch_size=8, seed=0)
+    next(s)
+    for _ in build_eval_data(DataConfig(val_fraction=0.99), "val", img_size=32, in_chans=1, batch_size=4000):
+        assert torch.get_num_threads() == n
+    assert torch.get_num_threads() == n

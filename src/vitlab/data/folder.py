@@ -34,7 +34,7 @@ from .images import (
     verify_image,
 )
 from .position import Position, epoch_permutation
-from .stream import Batch, EvalData, TrainStream
+from .stream import Batch, EvalData, TrainStream, one_thread
 
 MAX_WARNINGS = 20  # individual warnings per scan / stream; the rest are summarised and all are in the report
 MAX_REPLACEMENT_TRIES = 16
@@ -316,7 +316,8 @@ class FileTrainStream(TrainStream):
                 generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
             )
             self._it = iter(loader)
-        x, y, bad = next(self._it)
+        with one_thread():  # decoding and transforms in this process (num_workers=0) run single-threaded
+            x, y, bad = next(self._it)
         for path, reason in bad:
             if path not in self._seen_bad:
                 self._seen_bad.add(path)
@@ -349,7 +350,7 @@ class FileEvalData(EvalData):
         loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.cfg.num_workers,
                             collate_fn=collate, generator=torch.Generator().manual_seed(0))
         seen = {d["path"] for d in self.report["dropped_at_load"]}
-        for x, y, bad in loader:
+        for x, y, bad in _single_threaded(loader):
             for path, reason in bad:
                 if path not in seen:
                     seen.add(path)
@@ -357,6 +358,19 @@ class FileEvalData(EvalData):
                     self.report["dropped_at_load"].append({"path": path, "reason": reason})
             if len(y):
                 yield x, y
+
+
+def _single_threaded(loader: DataLoader) -> Iterator:
+    """Iterate a loader with its batches made on one intra-op thread (see `one_thread`); the caller's code
+    between batches keeps its own thread count."""
+    it = iter(loader)
+    while True:
+        with one_thread():
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
 
 
 def build_folder_train_stream(cfg: DataConfig, *, img_size, in_chans: int, **kw: Any) -> FileTrainStream:

@@ -7,6 +7,7 @@ per-image step (torchvision's RandAugment draws one op sequence per call).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import torchvision.transforms.v2 as T
 
 from .arrays import ArrayDataset
 from .batch_augment import derive_seed, full_boxes, normalize_255, resized_crop_batch, sample_crop_boxes
+from .batch_randaugment import BatchRandAugment
 from .config import DataConfig, parse_randaugment
 from .position import Position, check_state, epoch_permutation
 
@@ -64,15 +66,23 @@ def randaugment_op(spec: str | None, fill: int = 128) -> T.RandAugment | None:
     return T.RandAugment(num_ops=n, magnitude=m, num_magnitude_bins=11, fill=fill)
 
 
-def seeded_per_sample(op: T.Transform, x: torch.Tensor, keys: list[tuple[int, ...]]) -> torch.Tensor:
-    """Apply a torch-RNG-driven transform image by image, each under its own seed, without touching the
-    caller's global RNG state. x: uint8 (B, C, H, W)."""
-    out = torch.empty_like(x)
-    with torch.random.fork_rng(devices=[]):
-        for i, key in enumerate(keys):
-            torch.manual_seed(derive_seed(*key))
-            out[i] = op(x[i])
-    return out
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run the pipeline's tensor ops on one intra-op thread, then restore the caller's setting.
+
+    Input-pipeline tensors are small (a batch of 28-56 px images is 0.2-3 M values): splitting them across
+    threads costs more in synchronisation than it saves, and on a busy 2-core machine a second thread that
+    has to wait for a core makes every op far slower (measured in docs/data.md).
+    """
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 class TrainStream:
@@ -123,7 +133,8 @@ class TrainStream:
         return self
 
     def __next__(self) -> Batch:
-        batch = self._produce(self.position.epoch, self.position.step)
+        with one_thread():
+            batch = self._produce(self.position.epoch, self.position.step)
         self.position.advance(self.steps_per_epoch)
         return batch
 
@@ -158,7 +169,7 @@ class ArrayTrainStream(TrainStream):
         self.cfg, self.out_hw, self.in_chans = cfg, as_hw(img_size), in_chans
         self.images, self.labels = data.tensors()  # uint8 (N, C, H, W), int64 (N,)
         match_channels(self.images[:1].float(), in_chans, cfg.expand_channels, self.name)  # fail before training
-        self.randaug = randaugment_op(cfg.randaugment)
+        self.randaug = BatchRandAugment(*parse_randaugment(cfg.randaugment)) if cfg.randaugment else None
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
@@ -182,8 +193,8 @@ class ArrayTrainStream(TrainStream):
         resample = cfg.inception_crop or flip is not None or self.out_hw != (H, W)
         if self.randaug is not None:  # RandAugment works on uint8 pixels: crop first, normalise last
             x = resized_crop_batch(x, boxes, self.out_hw, flip).round_().clamp_(0, 255).to(torch.uint8)
-            keys = [(self.seed, epoch, step, r * B + i, 0xA06) for i in range(B)]
-            x = seeded_per_sample(self.randaug, x, keys)
+            ops, negative = self.randaug.draw(rng, G)  # per sample, for the global batch
+            x = self.randaug(x, ops[:, r * B : (r + 1) * B], negative[:, r * B : (r + 1) * B])
             return self._normalize(x), self.labels[idx]
         # normalise the (smaller) input, then resample: bilinear weights sum to one, so the two commute
         x = self._normalize(x)
@@ -237,10 +248,15 @@ class ArrayEvalData(EvalData):
     def __iter__(self) -> Iterator[Batch]:
         _, _, H, W = self.images.shape
         for start in range(0, self.num_samples, self.batch_size):
-            x = self.images[start : start + self.batch_size]
-            if x.shape[1] != self.in_chans:
-                x = match_channels(x.float(), self.in_chans, self.cfg.expand_channels, self.name).contiguous()
-            x = normalize_255(x, self.cfg.normalize)
-            if self.out_hw != (H, W):
-                x = resized_crop_batch(x, full_boxes(len(x), H, W), self.out_hw)
-            yield x, self.labels[start : start + self.batch_size]
+            with one_thread():
+                batch = self._batch(start, H, W)
+            yield batch  # outside the context: the caller's code runs with its own thread count
+
+    def _batch(self, start: int, H: int, W: int) -> Batch:
+        x = self.images[start : start + self.batch_size]
+        if x.shape[1] != self.in_chans:
+            x = match_channels(x.float(), self.in_chans, self.cfg.expand_channels, self.name).contiguous()
+        x = normalize_255(x, self.cfg.normalize)
+        if self.out_hw != (H, W):
+            x = resized_crop_batch(x, full_boxes(len(x), H, W), self.out_hw)
+        return x, self.labels[start : start + self.batch_size]

@@ -33,10 +33,10 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from .batch_augment import derive_seed
 from .config import DataConfig
-from .folder import _Warner, shutdown
+from .folder import _single_threaded, _Warner, shutdown
 from .images import BadImageError, decode_image, eval_transform, pil_to_tensor, train_transform
 from .position import Position, epoch_permutation
-from .stream import Batch, EvalData, TrainStream
+from .stream import Batch, EvalData, TrainStream, one_thread
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff", "gif")
 LABEL_EXTS = ("cls", "class", "label")
@@ -293,7 +293,8 @@ class WebDatasetTrainStream(TrainStream):
         if self._it is None:
             self._it = self._loader(self.position)
         try:
-            x, y, notes = next(self._it)
+            with one_thread():
+                x, y, notes = next(self._it)
         except StopIteration:  # cannot happen mid-epoch: every worker makes exactly its quota
             raise RuntimeError("webdataset stream ended before the epoch did") from None
         for where, reason in notes:
@@ -361,7 +362,7 @@ class WebDatasetEvalData(EvalData):
         nw = min(self.cfg.num_workers, len(self.shards))
         loader = DataLoader(_EvalShards(self), batch_size=None, num_workers=nw,
                             generator=torch.Generator().manual_seed(0))
-        for x, y, notes in loader:
+        for x, y, notes in _single_threaded(loader):
             for where, reason in notes:
                 self._warn(where, reason, "dropped")
                 self.report["skipped"].append({"path": where, "reason": reason})
