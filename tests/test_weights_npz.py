@@ -124,6 +124,13 @@ def test_pre_logits_kept_or_dropped_with_warning(tmp_path):
         report = vitlab.load_weights(finetune, path)
     assert report.replaced == ["head.weight", "head.bias"] and "pre-logits layer (input width 24)" in str(report)
     assert not finetune.head.weight.any()
+    # Even when the widths agree (ImageNet-21k B/16: representation 768 = width 768) the head goes with them.
+    same = perturb_(vitlab.create_model("ViT-Ti/16", **{**TINY, "representation_size": 64}))
+    path = vitlab.save_weights(same, tmp_path / "same.npz")
+    plain = vitlab.create_model("ViT-Ti/16", **TINY)
+    with pytest.warns(WeightsWarning, match="pre-logits"):
+        report = vitlab.load_weights(plain, path)
+    assert report.replaced == ["head.weight", "head.bias"] and not plain.head.weight.any()
 
 
 def test_zero_head_of_raw_21k_checkpoints_is_warned_about(tmp_path):

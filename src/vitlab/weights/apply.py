@@ -67,9 +67,11 @@ def apply_state_dict(
                     state.pop(k)
                     report.dropped.append(k)
             report.messages.append("dropped the checkpoint's head: the model has num_classes=0")
-        elif state["head.weight"].shape != target["head.weight"].shape:
+        elif pre_dropped or state["head.weight"].shape != target["head.weight"].shape:
+            # A head trained on the pre-logits' outputs is meaningless without them, even when shapes agree
+            # (ImageNet-21k B/16: representation 768 = width 768).
             src_w, dst_w = state["head.weight"], target["head.weight"]
-            if src_w.dim() != 2 or (src_w.shape[1] != dst_w.shape[1] and not pre_dropped):
+            if not pre_dropped and (src_w.dim() != 2 or src_w.shape[1] != dst_w.shape[1]):
                 raise ShapeMismatchError(
                     f"{report.source}: head.weight is {tuple(src_w.shape)} in the checkpoint but "
                     f"{tuple(dst_w.shape)} in the model, and its input width differs too"
@@ -78,8 +80,7 @@ def apply_state_dict(
                 state.pop(k, None)
             _zero_head(model)
             report.replaced.extend(_HEAD)
-            why = (f"it sat on the dropped pre-logits layer (input width {src_w.shape[1]})" if pre_dropped
-                   and src_w.shape[1] != dst_w.shape[1] else
+            why = (f"it sat on the dropped pre-logits layer (input width {src_w.shape[1]})" if pre_dropped else
                    f"checkpoint has {src_w.shape[0]} classes, the model {dst_w.shape[0]}")
             report.messages.append(f"replaced the head: {why}; the new head is zero-initialised (paper Sec. 3.2)")
         elif not state["head.weight"].any() and not state.get("head.bias", torch.zeros(1)).any():
