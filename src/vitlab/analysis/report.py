@@ -305,6 +305,8 @@ def write_atomic(path: Path, data: bytes, overwrite: bool) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     finally:
