@@ -231,8 +231,10 @@ class FolderDataset(Dataset):
                 continue
             if aug_key is None:
                 return self.transform(img), int(self.index.labels[j]), bad
-            with torch.random.fork_rng(devices=[]):  # per-sample randomness from its key, not from history
-                torch.manual_seed(derive_seed(*aug_key))
+            # per-sample randomness from its key, not from history; CPU generator only (torch.manual_seed would
+            # also queue seeds for every accelerator backend, recording a stack trace each time)
+            with torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(derive_seed(*aug_key))
                 return self.transform(img), int(self.index.labels[j]), bad
         if self.replace:
             raise RuntimeError(f"{MAX_REPLACEMENT_TRIES} consecutive files from {self.index.paths[i]} failed to "

@@ -216,7 +216,7 @@ class _EpochShards(IterableDataset):
                     notes.append((str(sample.get("__key__")), f"label {label} outside [0, {s.num_classes})"))
                     continue
                 with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(derive_seed(s.seed, e, s.rank, t, k))
+                    torch.default_generator.manual_seed(derive_seed(s.seed, e, s.rank, t, k))
                     xs.append(s.transform(img))
                 ys.append(label)
                 k += 1
