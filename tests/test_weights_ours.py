@@ -129,3 +129,19 @@ def test_loaded_model_is_a_plain_trainable_model_independent_of_its_file(tmp_pat
     loaded.train()
     loaded(x).square().sum().backward()
     assert all(p.grad is not None for p in loaded.parameters())
+
+
+def test_dtypes(tmp_path):
+    """bf16 weights are stored as bf16 and loaded into the model's dtype (fp32 for load_model)."""
+    model = tiny().to(torch.bfloat16)
+    path = vitlab.save_weights(model, tmp_path / "bf16.safetensors")
+    assert load_file(str(path))["blocks.0.attn.qkv.weight"].dtype == torch.bfloat16
+    loaded = vitlab.load_model(path)
+    assert loaded.blocks[0].attn.qkv.weight.dtype == torch.float32
+    torch.testing.assert_close(loaded.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight.float(), atol=0,
+                               rtol=0)
+    fp32 = tiny()
+    half = vitlab.create_model("ViT-Ti/16", **TINY).to(torch.bfloat16)
+    vitlab.load_weights(half, vitlab.save_weights(fp32, tmp_path / "fp32.npz"))
+    assert half.pos_embed.dtype == torch.bfloat16
+    torch.testing.assert_close(half.pos_embed, fp32.pos_embed.to(torch.bfloat16), atol=0, rtol=0)
