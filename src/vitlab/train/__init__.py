@@ -1,0 +1,30 @@
+"""Training: YAML recipes, the optimizer and schedule, the loop, atomic resumable checkpoints, distributed set-up
+and the run report.
+
+    recipe = load_recipe("configs/fmnist_pretrain.yaml", ["train.steps=100"])
+    summary = train(recipe, "runs/fmnist")          # resumable: train(recipe, "runs/fmnist", resume=True)
+"""
+
+from .checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from .loop import NonFiniteError, RunDirError, build_model, evaluate, train, train_step
+from .optim import build_optimizer, param_groups
+from .recipe import Recipe, apply_overrides, load_recipe
+from .schedule import lr_at
+
+__all__ = [
+    "NonFiniteError",
+    "Recipe",
+    "RunDirError",
+    "apply_overrides",
+    "build_model",
+    "build_optimizer",
+    "evaluate",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_recipe",
+    "lr_at",
+    "param_groups",
+    "save_checkpoint",
+    "train",
+    "train_step",
+]

@@ -1,0 +1,127 @@
+"""Checkpoints that survive a kill at any instant, and resume exactly.
+
+A checkpoint of step s is two files in `run_dir/checkpoints/`:
+
+    step_{s:08d}.safetensors   the weights with the ViTConfig and metadata (`vitlab.save_weights`)
+    step_{s:08d}.state.pt      training state: optimizer, step, RNG states, data position, EMA (torch.save)
+
+Each is written to a temporary file in the same folder, flushed and fsync'ed, then `os.replace`d onto its name,
+and the folder is fsync'ed. The state file is written last and names the step, so a checkpoint exists only when
+its state file does: a kill in the middle leaves at most a stray temporary file and the previous checkpoint intact.
+The state file holds only tensors, numbers, strings, lists and dicts, so it loads with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CKPT_RE = re.compile(r"step_(\d{8})\.state\.pt")
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a directory (the directory entry of a rename is durable only after this)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Call `write(tmp)` on a temporary file beside `path`, fsync it, rename it onto `path`, fsync the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")  # same suffix: writers that check it accept it
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_path(path.parent)
+    return path
+
+
+def checkpoint_paths(ckpt_dir: str | os.PathLike, step: int) -> tuple[Path, Path]:
+    """(weights, state) paths of the checkpoint of `step`."""
+    d = Path(ckpt_dir)
+    return d / f"step_{step:08d}.safetensors", d / f"step_{step:08d}.state.pt"
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[int]:
+    """Steps of the complete checkpoints in `ckpt_dir` (state file and weights both present), oldest first."""
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    steps = []
+    for p in d.iterdir():
+        m = CKPT_RE.fullmatch(p.name)
+        if m and checkpoint_paths(d, int(m.group(1)))[0].is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def save_checkpoint(
+    ckpt_dir: str | os.PathLike,
+    step: int,
+    save_weights_fn: Callable[[Path], None],
+    state: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write the checkpoint of `step` atomically, then delete all but the latest `keep`.
+
+    Args:
+        ckpt_dir: The run's checkpoints folder.
+        step: Optimizer steps done.
+        save_weights_fn: Writes the weights .safetensors to the path it is given.
+        state: Training state (tensors, numbers, strings, lists, dicts).
+        keep: Complete checkpoints to keep, newest first.
+
+    Returns:
+        The weights path.
+    """
+    weights, state_path = checkpoint_paths(ckpt_dir, step)
+    atomic_write(weights, save_weights_fn)
+    atomic_write(state_path, lambda tmp: _torch_save(dict(state, step=step), tmp))  # commits the checkpoint
+    for old in list_checkpoints(ckpt_dir)[:-keep]:
+        for p in checkpoint_paths(ckpt_dir, old)[::-1]:  # state first: the pair stops counting at once
+            p.unlink(missing_ok=True)
+    return weights
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+
+
+def load_state(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a training-state file with `weights_only=True` (no arbitrary code runs)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for truncated / foreign files
+        raise ValueError(f"could not load training state {path}: {type(e).__name__}: {e}") from e
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[int, Path, dict[str, Any]] | None:
+    """(step, weights path, state) of the newest checkpoint that loads; older ones are tried if it does not."""
+    for step in reversed(list_checkpoints(ckpt_dir)):
+        weights, state_path = checkpoint_paths(ckpt_dir, step)
+        try:
+            state = load_state(state_path)
+        except ValueError as e:
+            warnings.warn(f"skipping unreadable checkpoint: {e}", stacklevel=2)
+            continue
+        if state.get("step") != step:
+            warnings.warn(f"skipping checkpoint {state_path}: it says step {state.get('step')}", stacklevel=2)
+            continue
+        return step, weights, state
+    return None

@@ -1,0 +1,65 @@
+"""`vitlab eval CHECKPOINT --data SPEC [--split test] [--json]`: top-1, top-5, per-class accuracy and the
+confusion matrix of a checkpoint on a dataset."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+
+from .loop import evaluate
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="a .safetensors checkpoint written by vitlab (or any format load_model reads)")
+    p.add_argument("--data", required=True, help='dataset: "fashion_mnist", "imagefolder:/path", "cifar10:/path", ...')
+    p.add_argument("--split", default="test", choices=("test", "val", "train"), help="which split (default test)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+
+
+def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batch_size: int = 256,
+                        precision: str = "fp32", device: str | None = None) -> dict[str, Any]:
+    """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string)."""
+    from ..data import build_eval_data, parse_data_spec
+    from ..weights import load_model
+
+    model = load_model(checkpoint)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dev)
+    cfg = model.cfg
+    data_cfg = parse_data_spec(data)
+    ev = build_eval_data(data_cfg, split, img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=batch_size)
+    if ev.num_classes != cfg.num_classes:
+        raise ValueError(f"the checkpoint has {cfg.num_classes} classes but {data} has {ev.num_classes}")
+    result = evaluate(model, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes))
+    result.update({"checkpoint": checkpoint, "data": data, "split": split})
+    return result
+
+
+def format_result(r: dict[str, Any]) -> str:
+    lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images)",
+             f"top-1 {100 * r['top1']:.2f}%   top-5 {100 * r['top5']:.2f}%   loss {r['loss']:.4f}", "",
+             "per-class accuracy:"]
+    width = max(len(c) for c in r["classes"])
+    lines += [f"  {c:<{width}}  {100 * a:6.2f}%" for c, a in r["per_class"].items()]
+    if len(r["classes"]) <= 20:
+        lines += ["", "confusion matrix (rows: true, columns: predicted):"]
+        lines += ["  " + " ".join(f"{v:5d}" for v in row) + f"  {c}" for c, row in zip(r["classes"], r["confusion"])]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
+                                precision=args.precision, device=args.device)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(r, indent=2) if args.json else format_result(r))
+    return 0

@@ -1,0 +1,38 @@
+"""The optimizer: AdamW (paper pre-training) or SGD with momentum (paper fine-tuning), with weight decay only on
+tensors of 2+ dims that the model does not list in `no_weight_decay()` (nanoGPT / timm convention)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .recipe import OptimSection
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices and kernels decay; biases, LayerNorm gains, position embeddings, class token don't."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        # DDP / torch.compile wrap names ("module.", "_orig_mod."); match on the bare name.
+        bare = name.removeprefix("module.").removeprefix("_orig_mod.")
+        if p.ndim < 2 or bare in skip:
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimizer:
+    """The optimizer of a recipe's `optim` section, lr set to the peak (the schedule scales it per step)."""
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, foreach=True)
+    raise ValueError(f"unknown optimizer {cfg.name!r}; valid: adamw, sgd")

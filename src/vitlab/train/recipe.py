@@ -1,0 +1,377 @@
+"""A training recipe: the YAML file with sections model, data, optim, schedule, train and init.
+
+Every section is a dataclass, so every key has a type, a default and a docstring; an unknown key is an
+error that lists the valid ones. `--set section.key=value` overrides go through the same parsing.
+
+Example:
+    >>> r = Recipe.from_dict({"model": {"name": "ViT-Ti/16", "depth": 2}, "train": {"steps": 10}})
+    >>> r.model.overrides, r.train.steps
+    ({'depth': 2}, 10)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from ..config import RESIZE_MODES, ViTConfig, canonical_name
+
+PRECISIONS = ("bf16", "fp32")
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("cosine", "linear", "constant")
+PARALLEL = ("ddp", "fsdp")
+
+
+def _check_keys(section: str, d: Any, cls: type) -> dict[str, Any]:
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        raise ValueError(f"recipe section {section!r} must be a mapping, got {type(d).__name__}")
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(d) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in recipe section {section!r}; valid keys: {valid}")
+    return dict(d)
+
+
+def _number(section: str, key: str, value: Any, *, lo: float | None = None, hi: float | None = None,
+            integer: bool = False, allow_none: bool = False, lo_open: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kind = "an int" if integer else "a number"
+    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok_type:
+        raise ValueError(f"{section}.{key} must be {kind}, got {value!r}")
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise ValueError(f"{section}.{key} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{section}.{key} must be <= {hi}, got {value!r}")
+
+
+def _choice(section: str, key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{section}.{key} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass
+class ModelSection:
+    """`model:` a zoo name plus any ViTConfig field as an override.
+
+    Attributes:
+        name: A variant name from `vitlab models` ("ViT-B/16", "S/16", ...).
+        overrides: Every other key of the section: ViTConfig fields (img_size, patch_size, pool, ...).
+    """
+
+    name: str = "ViT-B/16"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> ModelSection:
+        d = dict(d or {})
+        name = d.pop("name", cls.name)
+        canonical_name(name)  # unknown names list the known ones
+        ViTConfig.from_name(name).replace(**d)  # unknown fields list the valid ones; values validated
+        return cls(name=name, overrides=d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.overrides}
+
+    def vit_config(self, **extra: Any) -> ViTConfig:
+        return ViTConfig.from_name(self.name, **{**self.overrides, **extra})
+
+
+@dataclass
+class OptimSection:
+    """`optim:` the optimizer.
+
+    Attributes:
+        name: "adamw" (Adam with decoupled weight decay, paper pre-training) or "sgd" (momentum, fine-tuning).
+        lr: Peak learning rate, reached at the end of the warm-up.
+        betas: Adam's (beta1, beta2).
+        eps: Adam's epsilon.
+        momentum: SGD momentum.
+        nesterov: SGD Nesterov momentum.
+        weight_decay: PyTorch AdamW/SGD weight decay (multiplied by the current lr, as in flax's Adam and optax
+            adamw). big_vision's "decoupled" wd is not multiplied by lr: divide it by lr to get this value.
+            Applied only to tensors with 2+ dims that are not in model.no_weight_decay().
+        clip_grad_norm: Global-norm gradient clipping threshold; null for none.
+        layer_decay: Not a per-layer lr: kept out on purpose (the paper uses none).
+    """
+
+    name: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    clip_grad_norm: float | None = None
+
+    def validate(self) -> None:
+        _choice("optim", "name", self.name, OPTIMIZERS)
+        _number("optim", "lr", self.lr, lo=0, lo_open=True)
+        if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
+            raise ValueError(f"optim.betas must be a pair [beta1, beta2], got {self.betas!r}")
+        self.betas = tuple(float(b) for b in self.betas)
+        for b in self.betas:
+            _number("optim", "betas", b, lo=0, hi=1)
+        _number("optim", "eps", self.eps, lo=0)
+        _number("optim", "momentum", self.momentum, lo=0, hi=1)
+        _number("optim", "weight_decay", self.weight_decay, lo=0)
+        _number("optim", "clip_grad_norm", self.clip_grad_norm, lo=0, lo_open=True, allow_none=True)
+        if not isinstance(self.nesterov, bool):
+            raise ValueError(f"optim.nesterov must be true or false, got {self.nesterov!r}")
+
+
+@dataclass
+class ScheduleSection:
+    """`schedule:` learning rate over steps: linear warm-up from 0, then decay.
+
+    Attributes:
+        name: "cosine", "linear" (to end_lr) or "constant" after the warm-up.
+        warmup_steps: Steps of linear warm-up (paper: 10k pre-training, 500 fine-tuning).
+        end_lr: Learning rate at the last step.
+    """
+
+    name: str = "cosine"
+    warmup_steps: int = 0
+    end_lr: float = 0.0
+
+    def validate(self) -> None:
+        _choice("schedule", "name", self.name, SCHEDULES)
+        _number("schedule", "warmup_steps", self.warmup_steps, lo=0, integer=True)
+        _number("schedule", "end_lr", self.end_lr, lo=0)
+
+
+@dataclass
+class TrainSection:
+    """`train:` the loop.
+
+    Attributes:
+        batch_size: Global batch per optimizer step (all processes and accumulation steps together).
+        steps: Optimizer steps; give this or `epochs`.
+        epochs: Passes over the training set (converted to steps with the stream's epoch size).
+        precision: "bf16" (autocast on CPU and GPU; weights and optimizer stay fp32) or "fp32".
+        seed: Seeds model init, data order, augmentation, dropout.
+        accum_steps: Micro-batches per optimizer step (batch_size must divide by accum_steps * processes).
+        eval_every: Evaluate every this many steps (0: only at the end).
+        checkpoint_every: Save a checkpoint every this many steps (0: only at the end and on interruption).
+        keep_checkpoints: How many of the latest checkpoints to keep.
+        log_every: Write a metrics.jsonl / TensorBoard row every this many steps.
+        label_smoothing: Cross-entropy label smoothing.
+        mixup: Mixup alpha (0: off); big_vision's plain ViT uses 0.2.
+        cutmix: CutMix alpha (0: off); mixup and cutmix together alternate per batch.
+        ema_decay: Exponential moving average of the weights (null: off); evaluated beside the raw weights.
+        max_bad_steps: Stop after this many non-finite steps in a row (each is skipped, never applied).
+        eval_split: "val" (a held-out part of train, see data) or "test".
+        deterministic: torch.use_deterministic_algorithms(True) (bitwise resume on CPU needs fp32 and this).
+        parallel: "ddp" or "fsdp" (large variants) when launched with torchrun.
+        compile: torch.compile the model.
+        grad_checkpointing: Recompute block activations in the backward pass (less memory).
+        eval_batch_size: Batch size for evaluation (null: batch_size / accum_steps).
+        eval_max_samples: Evaluate on only the first this many samples of the split (null: all of it).
+    """
+
+    batch_size: int = 128
+    steps: int | None = None
+    epochs: float | None = None
+    precision: str = "bf16"
+    seed: int = 0
+    accum_steps: int = 1
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    label_smoothing: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    ema_decay: float | None = None
+    max_bad_steps: int = 5
+    eval_split: str = "test"
+    deterministic: bool = False
+    parallel: str = "ddp"
+    compile: bool = False
+    grad_checkpointing: bool = False
+    eval_batch_size: int | None = None
+    eval_max_samples: int | None = None
+
+    def validate(self) -> None:
+        _number("train", "batch_size", self.batch_size, lo=1, integer=True)
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError(f"train needs exactly one of steps or epochs, got steps={self.steps!r} "
+                             f"epochs={self.epochs!r}")
+        _number("train", "steps", self.steps, lo=1, integer=True, allow_none=True)
+        _number("train", "epochs", self.epochs, lo=0, lo_open=True, allow_none=True)
+        _choice("train", "precision", self.precision, PRECISIONS)
+        _number("train", "seed", self.seed, lo=0, integer=True)
+        _number("train", "accum_steps", self.accum_steps, lo=1, integer=True)
+        if self.batch_size % self.accum_steps:
+            raise ValueError(f"train.batch_size {self.batch_size} is not divisible by train.accum_steps "
+                             f"{self.accum_steps}")
+        for k in ("eval_every", "checkpoint_every"):
+            _number("train", k, getattr(self, k), lo=0, integer=True)
+        _number("train", "keep_checkpoints", self.keep_checkpoints, lo=1, integer=True)
+        _number("train", "log_every", self.log_every, lo=1, integer=True)
+        _number("train", "label_smoothing", self.label_smoothing, lo=0, hi=1)
+        _number("train", "mixup", self.mixup, lo=0)
+        _number("train", "cutmix", self.cutmix, lo=0)
+        _number("train", "ema_decay", self.ema_decay, lo=0, hi=1, allow_none=True)
+        _number("train", "max_bad_steps", self.max_bad_steps, lo=1, integer=True)
+        _choice("train", "eval_split", self.eval_split, ("val", "test"))
+        _choice("train", "parallel", self.parallel, PARALLEL)
+        for k in ("deterministic", "compile", "grad_checkpointing"):
+            if not isinstance(getattr(self, k), bool):
+                raise ValueError(f"train.{k} must be true or false, got {getattr(self, k)!r}")
+        _number("train", "eval_batch_size", self.eval_batch_size, lo=1, integer=True, allow_none=True)
+        _number("train", "eval_max_samples", self.eval_max_samples, lo=1, integer=True, allow_none=True)
+
+
+@dataclass
+class InitSection:
+    """`init:` start from a checkpoint (fine-tuning).
+
+    Attributes:
+        checkpoint: Path of a .safetensors checkpoint (any format `vitlab convert` reads); null: from scratch.
+        drop_head: Replace the classifier by a zero-initialised one (paper Sec. 3.2) and drop the pre-logits.
+        pos_embed_resize: How learned position embeddings are resampled to the new grid: jax | bilinear | bicubic.
+    """
+
+    checkpoint: str | None = None
+    drop_head: bool = True
+    pos_embed_resize: str = "bicubic"
+
+    def validate(self) -> None:
+        if self.checkpoint is not None and not isinstance(self.checkpoint, str):
+            raise ValueError(f"init.checkpoint must be a path or null, got {self.checkpoint!r}")
+        if not isinstance(self.drop_head, bool):
+            raise ValueError(f"init.drop_head must be true or false, got {self.drop_head!r}")
+        _choice("init", "pos_embed_resize", self.pos_embed_resize, RESIZE_MODES)
+
+
+SECTIONS = ("model", "data", "optim", "schedule", "train", "init")
+
+
+@dataclass
+class Recipe:
+    """A whole recipe. `data` stays a dict here and becomes a `vitlab.data.DataConfig` when training starts."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    data: dict[str, Any] = field(default_factory=dict)
+    optim: OptimSection = field(default_factory=OptimSection)
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    train: TrainSection = field(default_factory=lambda: TrainSection(steps=1))
+    init: InitSection = field(default_factory=InitSection)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, check_data: bool = True) -> Recipe:
+        if not isinstance(d, dict):
+            raise ValueError(f"a recipe must be a mapping with sections {list(SECTIONS)}, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown recipe section(s) {unknown}; valid sections: {list(SECTIONS)}")
+        sections: dict[str, Any] = {}
+        for name, sec_cls in (("optim", OptimSection), ("schedule", ScheduleSection), ("train", TrainSection),
+                              ("init", InitSection)):
+            sec = sec_cls(**_check_keys(name, d.get(name), sec_cls))
+            sec.validate()
+            sections[name] = sec
+        data = d.get("data") or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"recipe section 'data' must be a mapping, got {type(data).__name__}")
+        if check_data:
+            data_config_from_dict(data)  # unknown keys / bad values fail now, not after the model is built
+        return cls(model=ModelSection.from_dict(d.get("model")), data=dict(data), **sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model.to_dict(), "data": dict(self.data)}
+        for name in ("optim", "schedule", "train", "init"):
+            sec = dataclasses.asdict(getattr(self, name))
+            out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in sec.items()}
+        return out
+
+    def to_yaml(self) -> str:
+        buf = io.StringIO()
+        yaml.safe_dump(self.to_dict(), buf, sort_keys=False)
+        return buf.getvalue()
+
+
+def data_config_from_dict(d: dict[str, Any]):
+    """The data section as a `vitlab.data.DataConfig` (imported lazily: the data package is optional here)."""
+    from ..data import DataConfig
+
+    return DataConfig.from_dict(d)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """"train.steps=100" -> (["train", "steps"], 100): the value is parsed as YAML ("1e-3", "[0.9, 0.95]", "null")."""
+    if "=" not in item:
+        raise ValueError(f"--set expects section.key=value, got {item!r}")
+    key, value = item.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ValueError(f"--set expects section.key=value, got {item!r}")
+    if parts[0] not in SECTIONS:
+        raise ValueError(f"--set {item!r}: unknown section {parts[0]!r}; valid sections: {list(SECTIONS)}")
+    parsed = yaml.safe_load(value) if value.strip() else None
+    return parts, _yaml_numbers(parsed)
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `--set section.key=value` items to a raw recipe dict (a copy is returned)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = out.setdefault(parts[0], {})
+        if node is None:
+            node = out[parts[0]] = {}
+        for p in parts[1:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {item!r}: {p!r} is not a mapping")
+        node[parts[-1]] = value
+    return out
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _yaml_numbers(d: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads "3e-4" as a string; turn such strings back into floats."""
+    if isinstance(d, dict):
+        return {k: _yaml_numbers(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_yaml_numbers(v) for v in d]
+    if isinstance(d, str) and _FLOAT.fullmatch(d.strip()):
+        return float(d)
+    return d
+
+
+def read_recipe_dict(path: str | os.PathLike) -> dict[str, Any]:
+    """The raw mapping of a recipe YAML file, numbers fixed up."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"recipe file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        try:
+            d = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ValueError(f"recipe {path} is not valid YAML: {e}") from e
+    if d is None:
+        d = {}
+    if not isinstance(d, dict):
+        raise ValueError(f"recipe {path} must be a mapping with sections {list(SECTIONS)}")
+    return _yaml_numbers(d)
+
+
+def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, *, check_data: bool = True) -> Recipe:
+    """Read a recipe YAML file, apply `--set` overrides, validate every section."""
+    d = apply_overrides(read_recipe_dict(path), overrides or [])
+    try:
+        return Recipe.from_dict(d, check_data=check_data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from e

@@ -1,0 +1,194 @@
+"""Recipes, optimizer groups, schedule, and one real training step per shipped config (tiny sizes)."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import vitlab
+from vitlab.train import load_recipe, lr_at, param_groups, train
+from vitlab.train.recipe import Recipe, ScheduleSection, apply_overrides, parse_override, read_recipe_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
+TINY = {"embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
+
+
+def test_configs_exist():
+    names = {Path(c).name for c in CONFIGS}
+    for required in ("vit_b16_i21k_pretrain.yaml", "vit_b16_finetune_imagenet.yaml", "vit_b16_finetune_cifar10.yaml",
+                     "vit_b16_finetune_cifar100.yaml", "vit_s16_i1k_plain.yaml", "fmnist_pretrain.yaml",
+                     "fmnist_finetune.yaml", "fmnist_scratch.yaml"):
+        assert required in names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: Path(p).name)
+def test_every_config_parses_and_says_command_cost_result(path):
+    recipe = load_recipe(path)
+    header = Path(path).read_text().split("\n\n")[0]
+    for word in ("Command:", "Cost:", "Expect"):
+        assert word in header, f"{path} header lacks {word}"
+    # round trip: what a run writes to recipe.yaml reads back to the same recipe
+    assert Recipe.from_dict(recipe.to_dict()).to_dict() == recipe.to_dict()
+
+
+def test_paper_recipes_hold_the_papers_numbers():
+    pre = load_recipe(ROOT / "configs/vit_b16_i21k_pretrain.yaml")
+    assert (pre.optim.name, pre.optim.betas, pre.train.batch_size) == ("adamw", (0.9, 0.999), 4096)
+    assert (pre.schedule.name, pre.schedule.warmup_steps) == ("linear", 10000)
+    assert pre.model.overrides["representation_size"] == 768 and pre.train.accum_steps > 1
+    for ds in ("imagenet", "cifar10", "cifar100"):
+        ft = load_recipe(ROOT / f"configs/vit_b16_finetune_{ds}.yaml")
+        assert (ft.optim.name, ft.optim.momentum, ft.optim.weight_decay, ft.optim.clip_grad_norm) == ("sgd", 0.9, 0, 1)
+        assert (ft.train.batch_size, ft.schedule.warmup_steps, ft.schedule.name) == (512, 500, "cosine")
+        assert ft.model.overrides["img_size"] == 384 and ft.init.drop_head
+    plain = load_recipe(ROOT / "configs/vit_s16_i1k_plain.yaml")
+    cfg = plain.model.vit_config()
+    assert (cfg.pool, cfg.class_token, cfg.pos_embed, cfg.embed_dim) == ("gap", False, "sincos2d", 384)
+    assert (plain.data["randaugment"], plain.train.mixup, plain.train.batch_size) == ("2-10", 0.2, 1024)
+
+
+def test_unknown_keys_list_the_valid_ones(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: 3\n  batch_sise: 8\n")
+    with pytest.raises(ValueError, match=r"batch_sise.*valid keys.*batch_size"):
+        load_recipe(bad)
+    bad.write_text("trian:\n  steps: 3\n")
+    with pytest.raises(ValueError, match=r"trian.*valid sections"):
+        load_recipe(bad)
+    bad.write_text("model:\n  name: ViT-B/16\n  widht: 3\ntrain:\n  steps: 3\n")
+    with pytest.raises(ValueError, match=r"widht.*valid fields"):
+        load_recipe(bad)
+    bad.write_text("data:\n  datset: fashion_mnist\ntrain:\n  steps: 3\n")
+    with pytest.raises(ValueError, match=r"datset"):
+        load_recipe(bad)
+    bad.write_text("train:\n  steps: 3\n  precision: fp16\n")
+    with pytest.raises(ValueError, match=r"train.precision must be one of"):
+        load_recipe(bad)
+    with pytest.raises(FileNotFoundError):
+        load_recipe(tmp_path / "missing.yaml")
+
+
+def test_set_overrides_parse_yaml_values():
+    assert parse_override("optim.lr=3e-4") == (["optim", "lr"], 3e-4)
+    assert parse_override("optim.betas=[0.9, 0.95]") == (["optim", "betas"], [0.9, 0.95])
+    assert parse_override("init.checkpoint=null") == (["init", "checkpoint"], None)
+    d = apply_overrides({"train": {"steps": 5}}, ["train.steps=7", "model.img_size=56"])
+    assert d == {"train": {"steps": 7}, "model": {"img_size": 56}}
+    with pytest.raises(ValueError, match=r"section\.key=value"):
+        parse_override("steps")
+    with pytest.raises(ValueError, match="unknown section"):
+        parse_override("optimizer.lr=1")
+
+
+def test_yaml_scientific_notation_is_a_number(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("optim:\n  lr: 3e-4\ntrain:\n  steps: 2\n")  # PyYAML alone reads "3e-4" as a string
+    assert read_recipe_dict(p)["optim"]["lr"] == 3e-4
+
+
+def test_weight_decay_only_on_matrices_not_pos_embed_or_cls():
+    model = vitlab.create_model("ViT-Ti/16", depth=2, img_size=32, num_classes=3)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    expected = {n for n, p in model.named_parameters() if p.ndim >= 2 and n not in ("pos_embed", "cls_token")}
+    assert decayed == expected
+    assert "blocks.0.attn.qkv.weight" in decayed and "patch_embed.proj.weight" in decayed
+    assert not decayed & {"pos_embed", "cls_token", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias"}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_schedule_matches_torch_schedulers():
+    # warm-up: linear to the peak; then cosine equals torch's CosineAnnealingLR, linear equals LinearLR
+    total, warm, peak = 50, 10, 0.5
+    cos = ScheduleSection(name="cosine", warmup_steps=warm, end_lr=0.01)
+    assert [lr_at(s, total, peak, cos) for s in range(warm)] == pytest.approx([peak * (s + 1) / warm
+                                                                               for s in range(warm)])
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=peak)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - warm, eta_min=0.01)
+    ref = []
+    for _ in range(total - warm):
+        ref.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [lr_at(s, total, peak, cos) for s in range(warm, total)] == pytest.approx(ref)
+    lin = ScheduleSection(name="linear", warmup_steps=warm, end_lr=0.0)
+    assert lr_at(warm, total, peak, lin) == pytest.approx(peak)
+    assert lr_at(warm + 20, total, peak, lin) == pytest.approx(peak * (1 - 20 / 40))
+    assert lr_at(total - 1, total, peak, ScheduleSection(name="constant")) == peak
+
+
+# -- one real training step per shipped config -------------------------------------------------------------
+
+# Data keys that point at files we do not have; everything else (augmentation, normalisation) is kept.
+_LOCATION_KEYS = ("dataset", "root", "test_root", "train_subdir", "test_subdir", "num_workers", "shuffle_buffer",
+                  "num_samples", "num_classes", "class_names", "val_fraction")
+
+
+def _tiny(path: str, tmp_path: Path, fmnist_root: str) -> Recipe:
+    d = read_recipe_dict(path)
+    model = d.setdefault("model", {})
+    big_res = model.get("img_size", 224) > 224
+    in_chans = model.get("in_chans", 3)
+    model.update(TINY, img_size=48 if big_res else 32, patch_size=8)
+    if model.get("representation_size"):
+        model["representation_size"] = TINY["embed_dim"]
+    data = {k: v for k, v in (d.get("data") or {}).items() if k not in _LOCATION_KEYS}
+    data.update(dataset="fashion_mnist", root=fmnist_root, expand_channels=in_chans == 3)
+    d["data"] = data
+    tr = d.setdefault("train", {})
+    accum = tr.get("accum_steps", 1)
+    # bf16 kept for one recipe (it is slow on CPUs without AMX); the rest run in fp32
+    precision = "bf16" if Path(path).name == "vit_s16_i1k_plain.yaml" else "fp32"
+    tr.update(batch_size=2 * accum, steps=1, epochs=None, eval_every=0, checkpoint_every=0, eval_batch_size=250,
+              eval_max_samples=500, eval_split="test", compile=False, precision=precision)
+    if (d.get("init") or {}).get("checkpoint"):
+        # a tiny pre-trained model at a lower resolution, with a pre-logits layer and another head
+        pre = vitlab.create_model(model["name"], **{**TINY, "img_size": 32, "patch_size": 8, "in_chans": in_chans,
+                                                    "num_classes": 7, "representation_size": TINY["embed_dim"]})
+        ckpt = tmp_path / "pre.safetensors"
+        vitlab.save_weights(pre, ckpt)
+        d["init"]["checkpoint"] = str(ckpt)
+    return Recipe.from_dict(d)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: Path(p).name)
+def test_one_training_step_per_config(path, tmp_path, fmnist_root):
+    recipe = _tiny(path, tmp_path, fmnist_root)
+    summary = train(recipe, tmp_path / "run", progress=False)
+    assert summary["status"] == "completed" and summary["step"] == 1
+    assert math.isfinite(summary["eval"]["loss"]) and summary["eval"]["num_samples"] == 500
+    model = vitlab.load_model(summary["model"])
+    assert model.cfg.img_size == recipe.model.overrides["img_size"]
+    meta = vitlab.weights.read_metadata(summary["model"])
+    assert meta["classes"][0] == "T-shirt/top" and meta["recipe"]["train"]["steps"] == 1
+    for f in ("report.md", "report.json", "curves.png", "metrics.jsonl", "recipe.yaml"):
+        assert (tmp_path / "run" / f).is_file()
+    assert os.listdir(tmp_path / "run" / "tb")
+
+
+def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path, fmnist_root):
+    pre = vitlab.create_model("ViT-Ti/16", **TINY, img_size=28, patch_size=4, in_chans=1, num_classes=10)
+    torch.nn.init.normal_(pre.head.weight)
+    ckpt = tmp_path / "pre.safetensors"
+    vitlab.save_weights(pre, ckpt)
+    sets = [f"init.checkpoint={ckpt}", f"data.root={fmnist_root}", *(f"model.{k}={v}" for k, v in TINY.items())]
+    r = load_recipe(ROOT / "configs/fmnist_finetune.yaml", sets)
+    from vitlab.train import build_model
+
+    model = build_model(r, num_classes=10)
+    assert model.cfg.img_size != 28
+    assert torch.count_nonzero(model.head.weight) == 0  # Sec. 3.2: zero-initialised head
+    from vitlab.posembed import resample_pos_embed
+
+    expected = resample_pos_embed(pre.pos_embed.detach(), model.cfg.grid_size, pre.cfg.grid_size, 1,
+                                  r.init.pos_embed_resize)
+    torch.testing.assert_close(model.pos_embed.detach(), expected)
+    torch.testing.assert_close(model.blocks[0].mlp.fc1.weight, pre.blocks[0].mlp.fc1.weight)
