@@ -215,3 +215,20 @@ def test_load_images(tree):
         load_images([paths[0], str(tree / "train" / "cat" / "notes.txt")], img_size=8, in_chans=3)
     with pytest.raises(BadImageError, match=r"missing\.png: no such file"):
         load_images([str(tree / "missing.png")], img_size=8, in_chans=3)
+
+
+def test_unverified_tree_handles_bad_files_at_load(tree):
+    import os
+
+    os.symlink(tree / "train" / "cat", tree / "train" / "cat" / "loop")  # a symlink cycle is read once
+    cfg = _cfg(tree, verify_files=False)
+    with pytest.warns(BadImageWarning) as rec:
+        s = build_train_stream(cfg, img_size=8, in_chans=3, batch_size=4, seed=0)
+        n = s.epoch_size
+        for _ in range(2 * s.steps_per_epoch):  # two epochs: every file is decoded at least once
+            x, _ = next(s)
+            assert x.shape == (4, 3, 8, 8) and torch.isfinite(x).all()
+    assert n == 6 + 7 + 6  # nothing dropped up front; the symlinked cat folder is not counted twice
+    replaced = {d["path"].rsplit("/", 1)[1] for d in s.report["replaced_at_load"]}
+    assert replaced <= BAD_AT_SCAN | {"truncated_body.jpg"} and len(replaced) >= 3
+    assert all(any(name in str(w.message) for w in rec) for name in replaced)

@@ -105,8 +105,13 @@ def scan_tree(
     warn = _Warner(f"image folder {root}")
     paths, labels, skipped, hidden = [], [], [], 0
     for name in dirs:
-        good = 0
+        good, visited = 0, set()
         for dirpath, subdirs, files in os.walk(os.path.join(root, name), followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in visited:  # a symlink cycle: each real folder is read once
+                subdirs[:] = []
+                continue
+            visited.add(real)
             subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
             for fname in sorted(files):
                 if fname.startswith("."):
