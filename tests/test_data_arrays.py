@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 import torchvision.transforms.v2 as T
 import torchvision.transforms.v2.functional as TF
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
 
 from vitlab.data import DataConfig, build_eval_data, build_train_stream, parse_data_spec
@@ -327,3 +329,23 @@ def test_pipeline_leaves_thread_count_alone(fmnist_root):
     for _ in build_eval_data(DataConfig(val_fraction=0.99), "val", img_size=32, in_chans=1, batch_size=4000):
         assert torch.get_num_threads() == n
     assert torch.get_num_threads() == n
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    h=st.integers(1, 40), w=st.integers(1, 40), oh=st.integers(1, 50), ow=st.integers(1, 50),
+    seed=st.integers(0, 2**31), scale_lo=st.floats(0.01, 1.0),
+)
+def test_resized_crop_matches_torchvision_for_any_shape(h, w, oh, ow, seed, scale_lo):
+    rng = np.random.default_rng(seed)
+    x = torch.from_numpy(rng.integers(0, 256, (3, 2, h, w), dtype=np.uint8))
+    boxes = sample_crop_boxes(rng, 3, h, w, (scale_lo, 1.0), (0.5, 2.0))
+    top, left, bh, bw = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + bh <= h).all() and (left + bw <= w).all()
+    assert (bh >= 1).all() and (bw >= 1).all()
+    flip = torch.from_numpy(rng.random(3) < 0.5)
+    ours = resized_crop_batch(x, boxes, (oh, ow), flip)
+    for i in range(3):
+        ref = TF.resized_crop(x[i].float(), *boxes[i].tolist(), [oh, ow], antialias=False)
+        ref = torch.flip(ref, dims=[-1]) if flip[i] else ref
+        torch.testing.assert_close(ours[i], ref, atol=2e-3, rtol=1e-5)

@@ -171,6 +171,8 @@ def load_images(
     tf = eval_transform(img_size, in_chans, normalize=normalize, resize=resize)
     out = []
     for p in paths:
+        if os.path.isdir(p):
+            raise BadImageError(f"{p}: is a directory, not an image file")
         if not os.path.isfile(p):
             raise BadImageError(f"{p}: no such file")
         out.append(tf(pil_to_tensor(decode_image(p, in_chans, max_pixels=max_pixels))))
