@@ -191,6 +191,8 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     """The metadata stored with a checkpoint: for ours, exactly the dict given to `save_weights`; for a
     transformers checkpoint, {"class_names": [...]} from its id2label; otherwise {}."""
     path = Path(path)
+    if path.is_file() and path.suffix == ".npz":
+        return {}  # parameters only, as Google's files
     if path.is_file() and path.suffix == ".safetensors":
         header = ours.read_header(path)
         if ours.CONFIG_KEY in header or ours.META_KEY in header:
