@@ -28,11 +28,13 @@ def hf_logits(model, x):
         return model(pixel_values=x).logits
 
 
-def test_save_pretrained_directory(tmp_path):
-    theirs = perturb_(ViTForImageClassification(hf_config(id2label={i: f"c{i}" for i in range(5)}))).eval()
+@pytest.mark.parametrize("qkv_bias", [True, False])
+def test_save_pretrained_directory(tmp_path, qkv_bias):
+    theirs = ViTForImageClassification(hf_config(id2label={i: f"c{i}" for i in range(5)}, qkv_bias=qkv_bias))
+    theirs = perturb_(theirs).eval()
     theirs.save_pretrained(tmp_path / "hf")
     ours, report = vitlab.load_model(tmp_path / "hf", return_report=True)
-    assert report.format == "hf" and report.ok
+    assert report.format == "hf" and report.ok and ours.cfg.qkv_bias == qkv_bias
     assert ours.cfg.layer_norm_eps == 1e-12 and ours.cfg.num_heads == 4 and ours.cfg.num_classes == 5
     assert read_metadata(tmp_path / "hf") == {"class_names": ["c0", "c1", "c2", "c3", "c4"]}
     x = torch.randn(3, 3, 32, 32)
