@@ -29,7 +29,7 @@ import torch
 
 from ..config import ViTConfig
 from ..posembed import sincos_2d
-from .io import atomic_output
+from .atomic import atomic_output
 from .report import WeightsError
 
 PREFIX = "opt/target/"

@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
 from ..config import ViTConfig
-from .io import atomic_output
+from .atomic import atomic_output
 from .report import WeightsError
 
 CONFIG_KEY = "vitlab.config"
