@@ -54,12 +54,13 @@ def _array_split(cfg: DataConfig, split: str) -> tuple[ArrayDataset, dict[str, A
         raise ValueError("split 'val' is the hold-out part of train; set data.val_fraction > 0 (e.g. 0.02)")
     if split == "test":
         data = _load_array_split(cfg, "test")
-        return _rename(data, cfg), {"dataset": cfg.dataset, "split": "test", "samples": len(data)}
+        return _rename(data, cfg), {"dataset": cfg.dataset, "split": "test", "samples": len(data), "num_skipped": 0,
+                                    "skipped": []}
     full = _load_array_split(cfg, "train")
     train_idx, val_idx = stratified_holdout(full.labels, cfg.val_fraction, cfg.val_seed)
     data = full.subset(train_idx if split == "train" else val_idx)
-    report = {"dataset": cfg.dataset, "split": split, "samples": len(data),
-              "train_samples": len(train_idx), "val_samples": len(val_idx)}
+    report = {"dataset": cfg.dataset, "split": split, "samples": len(data), "train_samples": len(train_idx),
+              "val_samples": len(val_idx), "num_skipped": 0, "skipped": []}  # IDX/CIFAR files are all-or-nothing
     return _rename(data, cfg), report
 
 

@@ -10,6 +10,7 @@ without a single good image is an error before training starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -309,7 +310,8 @@ class FileTrainStream(TrainStream):
         self._restart()
 
     def __del__(self) -> None:
-        self._restart()
+        with contextlib.suppress(Exception):  # at collection / interpreter exit the workers may already be gone
+            self._restart()
 
     def __next__(self) -> Batch:
         if self._it is None:

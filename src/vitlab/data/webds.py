@@ -18,6 +18,7 @@ warning and counted in the report, or raise in strict mode.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import tarfile
@@ -280,7 +281,8 @@ class WebDatasetTrainStream(TrainStream):
         self._restart()
 
     def __del__(self) -> None:
-        self._restart()
+        with contextlib.suppress(Exception):  # at collection / interpreter exit the workers may already be gone
+            self._restart()
 
     def _loader(self, pos: Position) -> Iterator:
         plan = _Plan(self.cfg, self.shards, self.seed, self.rank, self.world_size, self.batch_size,
