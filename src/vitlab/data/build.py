@@ -18,7 +18,9 @@ def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
     """The whole "train" or "test" file set of an in-memory dataset (read once per process, then shared)."""
     root = os.path.abspath(cfg.root or FASHION_MNIST_ROOT)
     if not os.path.exists(root):
-        raise FileNotFoundError(f"data.root {root!r} does not exist (dataset {cfg.dataset!r})")
+        hint = (" (install Debian's dataset-fashion-mnist, e.g. `make dataset`, or set data.root to a folder with "
+                "the four IDX files)") if cfg.dataset == "fashion_mnist" else ""
+        raise FileNotFoundError(f"data.root {root!r} does not exist (dataset {cfg.dataset!r}){hint}")
     stamp = tuple((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(root) if e.is_file())
     return _load_cached(cfg.dataset, root, split, stamp)
 
