@@ -80,3 +80,33 @@ def test_plots_render_to_png(result):
     fig = plot_attention_distance(result.attention.mean_distance, result.attention.uniform_distance)
     fig.savefig(buf, format="png")
     assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _result_with(mean_distance, pos_similarity, uniform=10.0):
+    from vitlab.analysis import AttentionAnalysis
+    from vitlab.analysis.report import AnalysisResult
+
+    md = np.asarray(mean_distance, dtype=float)
+    att = AttentionAnalysis(mean_distance=md, distance_per_image=md[None], rollout=np.ones((1, 2, 2)), grid=(2, 2),
+                            patch_size=4, uniform_distance=uniform)
+    return AnalysisResult(images=np.zeros((1, 8, 8, 1)), filters=None, pos_similarity=pos_similarity,
+                          attention=att, config={})
+
+
+def test_findings_recognise_the_papers_picture_and_reject_uniform_attention():
+    from vitlab.analysis import pos_embed_similarity
+    from vitlab.analysis.report import findings
+    from vitlab.posembed import sincos_2d
+
+    sincos = pos_embed_similarity(sincos_2d(7, 7, 64).numpy().reshape(7, 7, 64))
+    # the paper's Fig. 7: early layers mix local (1 px) and global (9 px) heads, later layers are all global
+    paper_like = [[1.0, 9.0, 5.0], [2.0, 9.5, 6.0], [7.0, 9.0, 8.0], [8.5, 9.5, 9.0], [9.0, 9.6, 9.4], [9.5, 9.8, 9.6]]
+    f = findings(_result_with(paper_like, sincos))
+    assert f["pos_embed_2d"]["yes"] and f["distance_grows_with_depth"]["yes"] and f["early_local_and_global"]["yes"]
+    # untrained: position embeddings unrelated to the grid, every head near uniform attention's distance
+    rng = np.random.default_rng(0)
+    random_sim = pos_embed_similarity(rng.standard_normal((7, 7, 64)))
+    flat = 10.0 + 0.01 * np.arange(18).reshape(6, 3)  # grows, but by a negligible amount
+    f = findings(_result_with(flat, random_sim))
+    assert not f["pos_embed_2d"]["yes"]
+    assert not f["distance_grows_with_depth"]["yes"] and not f["early_local_and_global"]["yes"]

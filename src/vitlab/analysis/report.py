@@ -30,6 +30,7 @@ from .posembed_sim import pos_embed_similarity, position_embedding_grid, similar
 # Thresholds of the automatic verdicts, as fractions of the mean distance of uniform attention on the grid.
 LOCAL_FRACTION = 0.25  # a head whose mean distance is below this share of uniform attention's is "local"
 GLOBAL_FRACTION = 0.75  # above this share it is "global"
+GROWTH_FRACTION = 0.05  # last-third minus first-third layer mean distance must exceed this share to count as growth
 
 
 @dataclass
@@ -93,8 +94,9 @@ def findings(result: AnalysisResult) -> dict[str, Any]:
 
     - pos_embed_2d: nearby patches have similar embeddings (similarity falls with grid distance: Pearson
       correlation below -0.3, and 1-step neighbours more similar than the farthest quarter of pairs).
-    - distance_grows_with_depth: the per-layer mean distance has a positive rank correlation with depth and
-      the last third of layers attends farther than the first third.
+    - distance_grows_with_depth: the per-layer mean distance has a rank correlation with depth above 0.5 and
+      the last third of layers attends farther than the first third by more than GROWTH_FRACTION of uniform
+      attention's distance.
     - early_local_and_global: among the heads of the first third of layers, at least one is local (below
       LOCAL_FRACTION of uniform attention's distance) and one global (above GLOBAL_FRACTION).
     """
@@ -118,8 +120,9 @@ def findings(result: AnalysisResult) -> dict[str, Any]:
     per_layer = md.mean(1)
     third = max(1, L // 3)
     rho = _spearman(np.arange(L), per_layer) if L > 1 else float("nan")
+    rise = float(per_layer[-third:].mean() - per_layer[:third].mean())
     out["distance_grows_with_depth"] = {
-        "yes": bool(L > 1 and rho > 0 and per_layer[-third:].mean() > per_layer[:third].mean()),
+        "yes": bool(L > 1 and rho > 0.5 and rise > GROWTH_FRACTION * att.uniform_distance),
         "spearman_layer_vs_mean_distance": rho,
         "layer_mean_distance": per_layer.tolist(),
         "first_third_mean": float(per_layer[:third].mean()),
