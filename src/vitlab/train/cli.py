@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteError as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
-    if summary["status"] != "completed":
+    if not summary["status"].startswith("completed"):
         print(f"{summary['status']} at step {summary['step']}/{summary['total_steps']}; checkpoint saved. "
               f"Continue with: vitlab train {args.config} -o {run_dir} --resume", file=sys.stderr)
         return 0

@@ -62,7 +62,7 @@ def run_demo(out: Path, configs: Path, overrides: list[str], data_root: str | No
 
 
 def _check(s: dict[str, Any]) -> None:
-    if s["status"] != "completed":
+    if not s["status"].startswith("completed"):
         raise RuntimeError(f"demo step stopped: {s['status']} at step {s['step']}")
 
 

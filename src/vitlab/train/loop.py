@@ -534,9 +534,16 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
         with StopFlag() as stop:
             t_last = time.perf_counter()
             imgs_since = 0
+            budget_s = tr.time_budget_min * 60 if tr.time_budget_min else None
             while state.step < total_steps:
                 t0 = time.perf_counter()
-                lr = lr_at(state.step, total_steps, recipe.optim.lr, recipe.schedule)
+                progress_step = state.step
+                if budget_s is not None:  # the schedule runs on whichever clock is further along
+                    progress_step = max(progress_step, int(state.train_time_s / budget_s * total_steps))
+                    if progress_step >= total_steps:
+                        status = f"completed (time budget {tr.time_budget_min:g} min)"
+                        break
+                lr = lr_at(progress_step, total_steps, recipe.optim.lr, recipe.schedule)
                 batches = [next(it) for _ in range(tr.accum_steps)]
                 result = train_step(net, optimizer, batches, lr=lr, device=info.device, precision=tr.precision,
                                     clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=tr.label_smoothing,
@@ -580,7 +587,7 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                 if stopping:
                     status = f"interrupted ({stop.reason or 'signal on another process'})"
                     break
-            if state.step == total_steps:
+            if state.step == total_steps or status.startswith("completed"):
                 final_eval = run_eval(state.step)
                 save(state.step)
     finally:
@@ -595,7 +602,7 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                                "skipped_steps": state.skipped_steps, "images_seen": state.images_seen,
                                "train_time_s": state.train_time_s, "run_dir": str(run_dir),
                                "resumed_from": resumed_from, "world_size": info.world_size}
-    if info.is_main and state.step == total_steps:
+    if info.is_main and status.startswith("completed"):
         final_path = run_dir / "model.safetensors"
         metrics = {k: final_eval[k] for k in ("top1", "top5", "loss", "num_samples")}
         m = eval_model()

@@ -176,6 +176,9 @@ class TrainSection:
         grad_checkpointing: Recompute block activations in the backward pass (less memory).
         eval_batch_size: Batch size for evaluation (null: batch_size / accum_steps).
         eval_max_samples: Evaluate on only the first this many samples of the split (null: all of it).
+        time_budget_min: Stop after this many minutes of training (evaluation and checkpoints not counted), with
+            the schedule run on elapsed time: the lr follows max(step / total, time / budget), so the run anneals
+            fully whatever the machine's speed. steps / epochs stay the upper bound. Not bitwise-resumable.
     """
 
     batch_size: int = 128
@@ -200,6 +203,7 @@ class TrainSection:
     grad_checkpointing: bool = False
     eval_batch_size: int | None = None
     eval_max_samples: int | None = None
+    time_budget_min: float | None = None
 
     def validate(self) -> None:
         _number("train", "batch_size", self.batch_size, lo=1, integer=True)
@@ -230,6 +234,7 @@ class TrainSection:
                 raise ValueError(f"train.{k} must be true or false, got {getattr(self, k)!r}")
         _number("train", "eval_batch_size", self.eval_batch_size, lo=1, integer=True, allow_none=True)
         _number("train", "eval_max_samples", self.eval_max_samples, lo=1, integer=True, allow_none=True)
+        _number("train", "time_budget_min", self.time_budget_min, lo=0, lo_open=True, allow_none=True)
 
 
 @dataclass
