@@ -106,4 +106,5 @@ def _quantize_int8(model: nn.Module, device: torch.device) -> nn.Module:
     with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao; the kernels remain
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_\w+.*deprecated", category=UserWarning)
         return quantize_dynamic(model.float(), {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The runs behind benchmarks/results/ and docs/speed.md. Each writes bench.json, bench.txt, bench.png.
+# THREADS defaults to 1: on the shared 2-core machine these were measured on (load average 5-10 from other
+# jobs), two OpenMP threads spend their time waiting for each other at every barrier; on an idle machine use
+# THREADS=2 (or the core count).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=".venv/bin/vitlab bench --threads ${THREADS:-1}"
+R=benchmarks/results
+# Inference targets: eager fp32/bf16 vs every peer, and our speed modes, ViT-B/16 and ViT-S/16.
+$V --model ViT-B/16 --batch-sizes 8 1 --modes int8 fp16 compile --train-batch 0 --rounds 3 --out $R/vit-b16-infer
+$V --model ViT-S/16 --batch-sizes 8 1 32 --modes int8 fp16 compile --train-batch 0 --rounds 3 --out $R/vit-s16-infer
+# Training step (forward + backward + AdamW), fp32 and bf16 autocast, ViT-S/16 at 224 px, batch 32.
+$V --model ViT-S/16 --batch-sizes 1 --peers --modes --train-batch 32 --train-peers timm --rounds 3 \
+   --out $R/vit-s16-train
+# Gradient checkpointing: memory and speed of a ViT-B/16 training step at batch 32 (fp32 only).
+$V --model ViT-B/16 --batch-sizes 1 --dtypes fp32 --peers --modes --train-batch 32 --train-peers --rounds 2 \
+   --warmup 1 --out $R/vit-b16-gradckpt
+# Accuracy cost of each mode on the Fashion-MNIST test set.
+[ "${SKIP_ACCURACY:-0}" = 1 ] || .venv/bin/python benchmarks/mode_accuracy.py --out $R/mode-accuracy.json
