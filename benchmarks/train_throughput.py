@@ -1,0 +1,174 @@
+"""Training throughput on the Fashion-MNIST recipe: vitlab's trainer against a plain timm ViT of the same shape in
+a standard PyTorch loop (torchvision FashionMNIST + per-image transforms + DataLoader, fp32, AdamW).
+
+Both run in one process, interleaved round by round (A, B, A, B, ...) so that a machine shared with other jobs
+slows both alike; the table reports the median images/s of each side. The baseline is run with the DataLoader
+both in-process (num_workers=0) and with worker processes, and the faster of the two counts.
+
+    .venv/bin/python benchmarks/train_throughput.py --rounds 5 --steps 10 -o benchmarks/results/train_throughput.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vitlab.train import load_recipe
+from vitlab.train.loop import build_model, train_step
+from vitlab.train.mixup import BatchMix
+from vitlab.train.optim import build_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def vitlab_side(recipe, steps_per_round: int):
+    """A closure running `steps_per_round` steps of vitlab's own loop (stream + train_step), returning images/s."""
+    from vitlab.data import DataConfig, build_train_stream
+
+    cfg = recipe.model.vit_config(num_classes=10)
+    stream = build_train_stream(DataConfig.from_dict(recipe.data), img_size=cfg.img_size, in_chans=cfg.in_chans,
+                                batch_size=recipe.train.batch_size, seed=0)
+    model = build_model(recipe, num_classes=10)
+    opt = build_optimizer(model, recipe.optim)
+    net = torch.compile(model) if recipe.train.compile else model
+    mix = BatchMix(10, recipe.train.mixup, recipe.train.cutmix)
+    dev = torch.device("cpu")
+
+    def run() -> float:
+        t = time.perf_counter()
+        for _ in range(steps_per_round):
+            train_step(net, opt, [next(stream)], lr=recipe.optim.lr, device=dev, precision=recipe.train.precision,
+                       clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=recipe.train.label_smoothing,
+                       mix=mix)
+        return steps_per_round * recipe.train.batch_size / (time.perf_counter() - t)
+
+    return run
+
+
+def torchvision_root() -> str:
+    """torchvision's FashionMNIST wants root/FashionMNIST/raw/<uncompressed IDX>; build that from Debian's .gz."""
+    root = Path(tempfile.mkdtemp(prefix="fmnist_tv_"))
+    raw = root / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
+        with gzip.open(f"{FMNIST}/{name}.gz", "rb") as src, open(raw / name, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return str(root)
+
+
+def timm_side(recipe, steps_per_round: int, num_workers: int, root: str):
+    """The standard loop: timm VisionTransformer, torchvision dataset + v2 transforms, DataLoader, fp32 AdamW."""
+    import timm.models.vision_transformer as tvit
+    import torchvision
+    import torchvision.transforms.v2 as T
+
+    cfg = recipe.model.vit_config(num_classes=10)
+    d = recipe.data
+    tf = T.Compose([
+        T.RandomResizedCrop(cfg.img_size, scale=tuple(d.get("crop_scale", (0.08, 1.0))),
+                            ratio=tuple(d.get("crop_ratio", (3 / 4, 4 / 3))), antialias=True),
+        T.RandomHorizontalFlip(),
+        T.ToImage(),
+        T.ToDtype(torch.float32, scale=True),
+        T.Normalize([0.5], [0.5]),
+    ])
+    ds = torchvision.datasets.FashionMNIST(root, train=True, transform=tf)
+    loader = torch.utils.data.DataLoader(ds, batch_size=recipe.train.batch_size, shuffle=True, drop_last=True,
+                                         num_workers=num_workers, persistent_workers=num_workers > 0)
+    model = tvit.VisionTransformer(
+        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=10,
+        embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
+        global_pool="avg" if cfg.pool == "gap" else "token", class_token=cfg.class_token,
+        pos_embed="learn" if cfg.pos_embed == "learned" else "none")
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay)
+    it = iter(loader)
+
+    def run() -> float:
+        nonlocal it
+        model.train()
+        t = time.perf_counter()
+        for _ in range(steps_per_round):
+            try:
+                x, y = next(it)
+            except StopIteration:
+                it = iter(loader)
+                x, y = next(it)
+            loss = F.cross_entropy(model(x), y, label_smoothing=recipe.train.label_smoothing)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.optim.clip_grad_norm or float("inf"))
+            opt.step()
+        return steps_per_round * recipe.train.batch_size / (time.perf_counter() - t)
+
+    return run
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_scratch.yaml"))
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10, help="steps per round")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the baseline's second variant")
+    p.add_argument("-o", "--output", default=None, help="write the table (Markdown) and a .json beside it")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    recipe = load_recipe(args.config, args.overrides)
+    root = torchvision_root()
+    sides = {
+        f"vitlab ({recipe.train.precision}{', torch.compile' if recipe.train.compile else ''}, in-memory batch "
+        "augmentation)": vitlab_side(recipe, args.steps),
+        "timm + torchvision DataLoader (fp32, num_workers=0)": timm_side(recipe, args.steps, 0, root),
+        f"timm + torchvision DataLoader (fp32, num_workers={args.workers})": timm_side(recipe, args.steps,
+                                                                                        args.workers, root),
+    }
+    for run in sides.values():  # warm-up round, not counted
+        run()
+    results: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(args.rounds):
+        for name, run in sides.items():
+            results[name].append(run())
+        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{v[-1]:.0f}" for v in results.values()), flush=True)
+    med = {name: statistics.median(v) for name, v in results.items()}
+    ours = next(iter(med.values()))
+    baseline = max(list(med.values())[1:])
+    cfg = recipe.model.vit_config(num_classes=10)
+    lines = [
+        f"Training throughput, {Path(args.config).name}: ViT D={cfg.embed_dim} L={cfg.depth} heads={cfg.num_heads} "
+        f"MLP={cfg.mlp_dim}, {cfg.img_size}px / patch {cfg.patch_size} ({cfg.seq_len} tokens), batch "
+        f"{recipe.train.batch_size}, {args.threads} threads, {args.rounds} interleaved rounds x {args.steps} steps, "
+        f"load average at the end {os.getloadavg()[0]:.1f}",
+        "",
+        "| loop | median images/s | rounds |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | {med[name]:.0f} | {', '.join(f'{v:.0f}' for v in vals)} |"
+              for name, vals in results.items()]
+    lines += ["", f"vitlab / best baseline: {ours / baseline:.2f}x"]
+    text = "\n".join(lines)
+    print(text)
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        out.with_suffix(".json").write_text(json.dumps({"median": med, "rounds": results,
+                                                        "ratio": ours / baseline}, indent=2))
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""`vitlab train / eval / predict / demo` end to end on a tiny model."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import FMNIST_ROOT
+from vitlab.cli import main
+from vitlab.train.eval_cli import format_result
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SETS = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "train.steps=3",
+             "train.epochs=null", "train.time_budget_min=null", "train.eval_max_samples=500",
+             "train.eval_every=0", "train.checkpoint_every=0", "train.log_every=1"]
+FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                  "Ankle boot"]
+
+
+def _sets(fmnist_root: str) -> list[str]:
+    out = []
+    for s in [*TINY_SETS, f"data.root={fmnist_root}"]:
+        out += ["--set", s]
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny run shared by the tests of this file."""
+    if not os.path.isdir(FMNIST_ROOT):
+        pytest.skip("dataset-fashion-mnist not installed")
+    run = tmp_path_factory.mktemp("cli") / "run"
+    rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(run), "--no-progress",
+               *_sets(FMNIST_ROOT)])
+    assert rc == 0
+    return run
+
+
+def test_train_cli_writes_a_run_and_refuses_to_overwrite_it(trained, fmnist_root, capsys):
+    assert (trained / "model.safetensors").is_file() and (trained / "report.md").is_file()
+    rows = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]
+    assert {"loss", "lr", "images_per_s", "grad_norm"} <= set(rows[0])
+    capsys.readouterr()
+    rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(trained), "--no-progress",
+               *_sets(fmnist_root)])
+    assert rc == 2 and "--resume" in capsys.readouterr().err
+
+
+def test_train_cli_bad_override_is_a_clear_error(tmp_path, capsys):
+    rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(tmp_path / "r"), "--set",
+               "train.batchsize=3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "batchsize" in err and "batch_size" in err
+    assert not (tmp_path / "r").exists()
+
+
+def _idx_test_images(root: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first n test images and labels, read straight from the IDX bytes (independent of vitlab.data)."""
+    with gzip.open(f"{root}/t10k-images-idx3-ubyte.gz") as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)[:n]
+    with gzip.open(f"{root}/t10k-labels-idx1-ubyte.gz") as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+    return images, labels
+
+
+def test_eval_cli_numbers_are_consistent(trained, fmnist_root, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(trained / "model.safetensors"), "--data", f"fashion_mnist:{fmnist_root}", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    conf = np.array(r["confusion"])
+    assert conf.shape == (10, 10) and conf.sum() == r["num_samples"] == 10000
+    assert (conf.sum(1) == 1000).all()  # Fashion-MNIST's test set: 1000 images per class
+    assert r["top1"] == pytest.approx(np.trace(conf) / 10000)
+    assert r["per_class"]["Trouser"] == pytest.approx(conf[1, 1] / 1000)
+    assert r["top5"] >= r["top1"] and r["classes"] == FMNIST_CLASSES
+    text = format_result(r)  # what the command prints without --json
+    assert "confusion matrix" in text and f"top-1 {100 * r['top1']:.2f}%" in text
+
+
+def test_predict_cli_names_labels(trained, fmnist_root, tmp_path, capsys):
+    images, _ = _idx_test_images(fmnist_root, 2)
+    paths = []
+    for i, img in enumerate(images):
+        paths.append(str(tmp_path / f"img{i}.png"))
+        Image.fromarray(img).save(paths[-1])
+    capsys.readouterr()
+    assert main(["predict", str(trained / "model.safetensors"), *paths, "--top-k", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [o["image"] for o in out] == paths
+    for o in out:
+        assert len(o["top"]) == 3 and all(t["label"] == FMNIST_CLASSES[t["index"]] for t in o["top"])
+        probs = [t["prob"] for t in o["top"]]
+        assert probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
+    rc = main(["predict", str(trained / "model.safetensors"), str(tmp_path / "missing.png")])
+    assert rc == 2 and "missing.png" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_demo_runs_end_to_end_tiny(tmp_path, fmnist_root, capsys):
+    out = tmp_path / "demo"
+    sets = []
+    for s in ["train.steps=2", "train.eval_max_samples=300", "model.depth=1", "train.checkpoint_every=0"]:
+        sets += ["--set", s]
+    assert main(["demo", "-o", str(out), "--data-root", fmnist_root, "--no-progress", *sets]) == 0
+    printed = capsys.readouterr().out
+    assert f"report: {out / 'report.md'}" in printed
+    summary = json.loads((out / "demo.json").read_text())
+    assert summary["pretrain"]["steps"] == 2 and summary["finetune"]["steps"] == 2
+    from vitlab.weights import load_model
+
+    ft = load_model(summary["finetune"]["model"])
+    assert ft.cfg.img_size == 40 and ft.cfg.grid_size == (10, 10)  # fine-tuned at the higher resolution
+    assert "fine-tune, 40 px" in (out / "report.md").read_text()
+    assert main(["demo", "-o", str(out), "--data-root", fmnist_root]) == 2  # never overwrites a demo
