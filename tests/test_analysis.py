@@ -15,6 +15,7 @@ from vitlab.analysis import (
     mean_attention_distance,
     pos_embed_similarity,
     position_embedding_grid,
+    reduce_batch,
     similarity_by_distance,
     token_maps,
 )
@@ -122,6 +123,17 @@ def test_analyze_attention_matches_all_at_once(overrides):
     np.testing.assert_allclose(res.layer_maps[0], token_maps(maps[0], grid, prefix).numpy(), rtol=1e-4, atol=1e-6)
     assert res.mean_distance.shape == (model.cfg.depth, model.cfg.num_heads)
     assert (res.mean_distance > 0).all() and (res.mean_distance < res.uniform_distance * 2).all()
+
+
+def test_reduced_batch_holds_no_attention_tensor():
+    # what a batch leaves behind must own its memory: a view into a layer's (b, heads, T, T) maps would keep
+    # every batch's attention alive (this once tripled the peak memory of a ViT-B/16 run)
+    model = create_tiny().eval()
+    x = torch.randn(4, 1, 28, 28)
+    per_layer, roll, kept = reduce_batch(model, x, model.cfg.grid_size, keep_layers=[0, 2])
+    assert per_layer.shape == (4, 3, 3) and roll.shape == (4, 7, 7) and sorted(kept) == [0, 2]
+    for t in (per_layer, roll, *kept.values()):
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def create_tiny(**overrides):

@@ -125,6 +125,30 @@ def iter_attention(model: VisionTransformer, images: torch.Tensor) -> Iterator[t
         yield i, attn
 
 
+@torch.no_grad()
+def reduce_batch(
+    model: VisionTransformer, batch: torch.Tensor, grid: tuple[int, int], keep_layers: Iterable[int] = ()
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """One batch through the encoder, each layer's attention reduced as soon as it exists.
+
+    Returns:
+        (b, L, heads) mean attention distance, (b, gh, gw) rollout maps, and {layer: (b, heads, gh, gw)}
+        maps of `keep_layers`; all on the CPU and owning their memory (no views into attention tensors).
+    """
+    prefix, P = model.num_prefix_tokens, model.patch_embed.patch_size
+    keep = set(keep_layers)
+    per_layer = torch.empty(batch.shape[0], len(model.blocks), model.cfg.num_heads, dtype=torch.float64)
+    rollout, kept = None, {}
+    for i, attn in iter_attention(model, batch):
+        per_layer[:, i] = mean_attention_distance(attn, grid, P, prefix).cpu()
+        rollout = rollout_step(rollout, attn)  # (b, T, T)
+        if i in keep:
+            # clone: a view would keep this layer's whole (b, heads, T, T) tensor alive
+            kept[i] = token_maps(attn, grid, prefix).float().cpu().clone()  # (b, heads, gh, gw)
+        del attn  # one layer at a time
+    return per_layer, token_maps(rollout, grid, prefix).float().cpu().clone(), kept  # rollout maps: (b, gh, gw)
+
+
 @dataclass
 class AttentionAnalysis:
     """What `analyze_attention` measures over a set of images (numpy arrays, ready to plot or save).
@@ -166,9 +190,7 @@ def analyze_attention(
         device: Where to run; defaults to the model's device.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    depth = len(model.blocks)
     wanted = sorted(model._layer_indices(layer_maps))
-    prefix = model.num_prefix_tokens
     P = model.patch_embed.patch_size
     batches = images.split(batch_size) if isinstance(images, torch.Tensor) else images
     was_training = model.training
@@ -184,17 +206,11 @@ def analyze_attention(
             if grid is not None and this_grid != grid:
                 raise ValueError(f"all images must share one size; got grids {grid} and {this_grid}")
             grid = this_grid
-            per_layer = torch.empty(batch.shape[0], depth, model.cfg.num_heads, dtype=torch.float64)
-            rollout = None
-            for i, attn in iter_attention(model, batch):
-                per_layer[:, i] = mean_attention_distance(attn, grid, P, prefix).cpu()
-                rollout = rollout_step(rollout, attn)  # (b, T, T)
-                if i in maps:
-                    # clone: a view would keep this layer's whole (b, heads, T, T) tensor alive
-                    maps[i].append(token_maps(attn, grid, prefix).float().cpu().clone())  # (b, heads, gh, gw)
-                del attn  # one layer at a time
+            per_layer, roll, kept = reduce_batch(model, batch, grid, wanted)
             dists.append(per_layer)
-            rolls.append(token_maps(rollout, grid, prefix).float().cpu().clone())  # (b, gh, gw)
+            rolls.append(roll)
+            for i in wanted:
+                maps[i].append(kept[i])
     finally:
         model.train(was_training)
     if grid is None:
