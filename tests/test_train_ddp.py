@@ -1,4 +1,4 @@
-"""Data-parallel training on 2 CPU processes (gloo) equals one process with the same global batch."""
+"""Data-parallel training (DDP, FSDP) on 2 CPU processes (gloo) equals one process with the same global batch."""
 
 from __future__ import annotations
 
@@ -54,13 +54,14 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accum", [2], ids=["ddp+accum2"])  # accumulation exercises DDP's no_sync path too
-def test_two_process_ddp_matches_one_process(tmp_path, fmnist_root, accum):
+# accumulation exercises DDP's no_sync path; FSDP shards per block and gathers full state for eval / checkpoints
+@pytest.mark.parametrize(("accum", "parallel"), [(2, "ddp"), (1, "fsdp")], ids=["ddp+accum2", "fsdp"])
+def test_two_process_ddp_matches_one_process(tmp_path, fmnist_root, accum, parallel):
     single = []
     ref = train(_recipe(fmnist_root, accum), tmp_path / "single", progress=False, device="cpu",
                 on_step=lambda step, r: single.append(r.loss))
     run_dir = tmp_path / "ddp"
-    mp.spawn(_worker, args=(2, _free_port(), fmnist_root, str(run_dir), accum, "ddp"), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), fmnist_root, str(run_dir), accum, parallel), nprocs=2, join=True)
     ranks = [json.loads((run_dir / f"losses{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1]  # the logged loss is the mean over processes
     torch.testing.assert_close(torch.tensor(ranks[0]), torch.tensor(single), rtol=1e-5, atol=1e-5)

@@ -484,8 +484,11 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
         if ema is not None:
             return ema.module
         if info.distributed and tr.parallel == "fsdp":
+            sd = full_state_dict(net, info)  # collective; with cpu_offload only rank 0 receives the tensors
+            if not info.is_main:
+                return model
             plain = VisionTransformer(model.cfg)
-            plain.load_state_dict(full_state_dict(net, info))
+            plain.load_state_dict(sd)
             return plain.to(info.device)
         return model
 
@@ -507,8 +510,8 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
 
     def run_eval(step: int) -> dict[str, Any]:
         result: dict[str, Any] = {}
+        m = eval_model()  # every rank: gathering FSDP shards is a collective
         if info.is_main:
-            m = eval_model()
             result = evaluate(m, eval_data, num_classes, device=info.device, precision=tr.precision,
                               class_names=classes, max_samples=tr.eval_max_samples)
             row = {"step": step, "split": f"eval_{tr.eval_split}", "top1": result["top1"], "top5": result["top5"],
@@ -602,10 +605,10 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                                "skipped_steps": state.skipped_steps, "images_seen": state.images_seen,
                                "train_time_s": state.train_time_s, "run_dir": str(run_dir),
                                "resumed_from": resumed_from, "world_size": info.world_size}
-    if info.is_main and status.startswith("completed"):
+    m = eval_model() if status.startswith("completed") else None  # every rank (FSDP gathers)
+    if info.is_main and m is not None:
         final_path = run_dir / "model.safetensors"
         metrics = {k: final_eval[k] for k in ("top1", "top5", "loss", "num_samples")}
-        m = eval_model()
         ckpt.atomic_write(final_path, lambda p: save_weights_to(
             p, m, {"step": state.step, "metrics": {f"{tr.eval_split}_{k}": v for k, v in metrics.items()},
                    "ema": ema is not None}))
