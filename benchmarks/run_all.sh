@@ -18,3 +18,8 @@ $V --model ViT-B/16 --batch-sizes 1 --dtypes fp32 --peers --modes --train-batch 
    --warmup 1 --out $R/vit-b16-gradckpt
 # Accuracy cost of each mode on the Fashion-MNIST test set.
 [ "${SKIP_ACCURACY:-0}" = 1 ] || .venv/bin/python benchmarks/mode_accuracy.py --out $R/mode-accuracy.json
+# Best mode for ViT-B/16 at batch 8 against timm's fp32 eager, interleaved in the same rounds.
+$V --model ViT-B/16 --batch-sizes 8 --dtypes fp32 --peers timm --modes bf16 int8 --train-batch 0 --rounds 5 \
+   --out $R/vit-b16-best-mode
+# Profiles (torch.profiler tables) behind the targets that are out of reach.
+.venv/bin/python benchmarks/profile_ops.py --threads "${THREADS:-1}" --out $R/profile.txt

@@ -571,12 +571,15 @@ def plot(out: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = sorted({(r["task"], r["dtype"] if not r["name"].startswith("ours[") else "fp32", r["batch"])
-                       for r in out["results"]})
+    def panel(r: dict) -> tuple[str, str, int]:  # speed modes ran beside the fp32 eager candidates
+        mode = r["task"] == "infer" and r["name"].startswith("ours[")
+        return r["task"], "fp32" if mode else r["dtype"], r["batch"]
+
+    settings = sorted({panel(r) for r in out["results"]})
     fig, axes = plt.subplots(1, len(settings), figsize=(3.2 * len(settings), 4.2), squeeze=False)
-    for ax, (task, dname, b) in zip(axes[0], settings):
-        rows = [r for r in out["results"] if r["task"] == task and r["batch"] == b
-                and (r["dtype"] == dname or r["name"].startswith("ours["))]
+    for ax, setting in zip(axes[0], settings):
+        task, dname, b = setting
+        rows = [r for r in out["results"] if panel(r) == setting]
         names = [r["name"] for r in rows]
         vals = [r["images_per_s"] for r in rows]
         err = [[v - r["images_per_s_min"] for v, r in zip(vals, rows)],
