@@ -421,6 +421,9 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
         if found is None:
             raise RunDirError(f"--resume: no loadable checkpoint in {ckpt_dir}")
         _, weights_path, saved = found
+        if saved.get("world_size", 1) != info.world_size:
+            raise ValueError(f"--resume: the checkpoint was written by {saved.get('world_size', 1)} processes, this "
+                             f"run has {info.world_size}; resume with the same number (data positions are per process)")
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(str(weights_path), device=str(info.device)), strict=True)
