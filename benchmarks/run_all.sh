@@ -23,3 +23,8 @@ $V --model ViT-B/16 --batch-sizes 8 --dtypes fp32 --peers timm --modes bf16 int8
    --out $R/vit-b16-best-mode
 # Profiles (torch.profiler tables) behind the targets that are out of reach.
 .venv/bin/python benchmarks/profile_ops.py --threads "${THREADS:-1}" --out $R/profile.txt
+# The eager targets again, ours vs timm only (more rounds, shorter run, taken when the load had dropped to ~5).
+$V --model ViT-S/16 --batch-sizes 8 --peers timm --modes int8 --train-batch 0 --rounds 7 --out $R/vit-s16-b8-vs-timm
+$V --model ViT-B/16 --batch-sizes 8 --peers timm --modes int8 --train-batch 0 --rounds 5 --out $R/vit-b16-b8-vs-timm
+# One Markdown table of everything: benchmarks/RESULTS.md
+.venv/bin/python benchmarks/summarize.py
