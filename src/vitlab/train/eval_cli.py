@@ -27,13 +27,22 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
                         precision: str = "fp32", device: str | None = None) -> dict[str, Any]:
     """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string)."""
     from ..data import build_eval_data, parse_data_spec
-    from ..weights import load_model
+    from ..weights import load_model, read_metadata
 
     model = load_model(checkpoint)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
     cfg = model.cfg
     data_cfg = parse_data_spec(data)
+    # evaluate the way the model was trained to see its inputs (normalisation, channel expansion, eval resize)
+    try:
+        trained = ((read_metadata(checkpoint) or {}).get("recipe") or {}).get("data") or {}
+    except (ValueError, OSError):  # not one of our .safetensors files: nothing recorded, use the defaults
+        trained = {}
+    keys = ("normalize", "expand_channels", "eval_resize", "eval_crop_fraction")
+    keep = {k: trained[k] for k in keys if k in trained}
+    if keep:
+        data_cfg = data_cfg.replace(**keep)
     ev = build_eval_data(data_cfg, split, img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=batch_size)
     if ev.num_classes != cfg.num_classes:
         raise ValueError(f"the checkpoint has {cfg.num_classes} classes but {data} has {ev.num_classes}")
