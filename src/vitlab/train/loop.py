@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..allocator import keep_freed_memory
 from ..config import ViTConfig
 from ..model import VisionTransformer
 from . import checkpoint as ckpt
@@ -364,6 +365,7 @@ def train(
     """
 
     run_dir = Path(run_dir)
+    keep_freed_memory()  # no page-fault storm from re-mmapping activations every step (vitlab/allocator.py)
     info = setup_distributed(device)
     tr = recipe.train
     if info.is_main:
