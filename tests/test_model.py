@@ -127,7 +127,7 @@ def test_flops_closed_form_for_b16():
 
 
 def test_names_and_overrides():
-    assert vitlab.list_models()[0] == "ViT-Ti/16" and len(vitlab.list_models()) == 9
+    assert vitlab.list_models()[0] == "ViT-Ti/16" and len(vitlab.list_models()) == 11
     for alias in ("vit-b/16", "ViT-B/16", "b/16", "vit_base_patch16_224", "VIT-B16"):
         assert ViTConfig.from_name(alias).name == "ViT-B/16"
     with pytest.raises(ValueError, match="known models: ViT-Ti/16, ViT-S/16"):

@@ -38,6 +38,10 @@ class ViTConfig:
         layer_norm_eps: LayerNorm epsilon (1e-6 as in Google's code).
         qkv_bias: Biases on the query/key/value projection.
         pos_embed_resize: How learned position embeddings are resampled on the fly for other input sizes.
+        hybrid_layers: None for the plain ViT (patches from pixels); for the hybrid (Sec. 3.1), the bottleneck
+            blocks of each ResNet stage whose feature map gives the tokens: (3, 4, 9) is R50+ViT-B/16's
+            ResNet-50 without stage 4; () is the bare stem. `patch_size` then counts feature-map cells.
+        hybrid_width: The ResNet's stem width (64 in ResNet-50); stage i is `width * 2**i` wide (x4 out).
         name: The variant this config came from, if any (informational).
     """
 
@@ -59,11 +63,15 @@ class ViTConfig:
     layer_norm_eps: float = 1e-6
     qkv_bias: bool = True
     pos_embed_resize: str = "bicubic"
+    hybrid_layers: tuple[int, ...] | None = None
+    hybrid_width: int = 64
     name: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.img_size, list):
             self.img_size = tuple(self.img_size)
+        if isinstance(self.hybrid_layers, list):
+            self.hybrid_layers = tuple(self.hybrid_layers)
         self.validate()
 
     # -- validation, in one place -------------------------------------------------------------------
@@ -79,14 +87,24 @@ class ViTConfig:
             positive_int(name)
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
             raise ValueError(f"ViTConfig.num_classes must be an int >= 0, got {self.num_classes!r}")
+        if self.hybrid_layers is not None:
+            layers = self.hybrid_layers
+            if not isinstance(layers, tuple) or len(layers) > 4 or any(
+                    isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in layers):
+                raise ValueError(f"ViTConfig.hybrid_layers must be None or up to 4 positive ints (blocks per ResNet "
+                                 f"stage), got {layers!r}")
+            positive_int("hybrid_width")
+            if self.hybrid_width % 32:
+                raise ValueError(f"ViTConfig.hybrid_width must be a multiple of 32 (GroupNorm's 32 groups), got "
+                                 f"{self.hybrid_width}")
         h, w = self.img_hw
         for side, value in (("height", h), ("width", w)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ViTConfig.img_size {side} must be a positive int, got {self.img_size!r}")
-            if value % self.patch_size:
-                raise ValueError(
-                    f"ViTConfig.img_size {side} {value} is not divisible by patch_size {self.patch_size}"
-                )
+            if value % self.pixel_patch:
+                what = (f"the hybrid's pixels per token {self.pixel_patch} (ResNet stride x patch_size)"
+                        if self.hybrid_layers is not None else f"patch_size {self.patch_size}")
+                raise ValueError(f"ViTConfig.img_size {side} {value} is not divisible by {what}")
         if self.embed_dim % self.num_heads:
             raise ValueError(
                 f"ViTConfig.embed_dim {self.embed_dim} is not divisible by num_heads {self.num_heads}"
@@ -128,10 +146,17 @@ class ViTConfig:
         return (self.img_size, self.img_size)
 
     @property
+    def pixel_patch(self) -> int:
+        """Side in pixels of the square each token covers: P, or the hybrid's ResNet stride x P."""
+        if self.hybrid_layers is None:
+            return self.patch_size
+        return 4 * 2 ** max(len(self.hybrid_layers) - 1, 0) * self.patch_size
+
+    @property
     def grid_size(self) -> tuple[int, int]:
-        """(H/P, W/P): the patch grid."""
+        """(H/P, W/P): the patch grid (for a hybrid, P in pixels is `pixel_patch`)."""
         h, w = self.img_hw
-        return (h // self.patch_size, w // self.patch_size)
+        return (h // self.pixel_patch, w // self.pixel_patch)
 
     @property
     def num_patches(self) -> int:
@@ -155,8 +180,9 @@ class ViTConfig:
     # -- (de)serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if isinstance(d["img_size"], tuple):
-            d["img_size"] = list(d["img_size"])
+        for k in ("img_size", "hybrid_layers"):
+            if isinstance(d[k], tuple):
+                d[k] = list(d[k])
         return d
 
     @classmethod
@@ -196,6 +222,10 @@ _NAMED = ("Ti/16", "S/16", "S/32", "B/8", "B/16", "B/32", "L/16", "L/32", "H/14"
 VARIANTS: dict[str, dict[str, Any]] = {
     f"ViT-{n}": dict(_WIDTHS[n.split("/")[0]], patch_size=int(n.split("/")[1])) for n in _NAMED
 }
+# Hybrids (Sec. 3.1, Table 5): "/16" is the pixels per token, here the ResNet's stride with 1x1 "patches".
+# R50: ResNet-50 with stage 4 dropped and stage 3 extended to 9 blocks (Sec. 4.1); R26: timm's S/32 hybrid.
+VARIANTS["R50+ViT-B/16"] = dict(_WIDTHS["B"], patch_size=1, hybrid_layers=(3, 4, 9), hybrid_width=64)
+VARIANTS["R26+ViT-S/32"] = dict(_WIDTHS["S"], patch_size=1, hybrid_layers=(2, 2, 2, 2), hybrid_width=64)
 
 _TIMM_SIZES = {"tiny": "Ti", "small": "S", "base": "B", "large": "L", "huge": "H"}
 
@@ -205,6 +235,16 @@ def canonical_name(name: str) -> str:
     if not isinstance(name, str):
         raise TypeError(f"model name must be a string, got {type(name).__name__}")
     s = name.strip()
+    hybrid = re.fullmatch(r"(?i)(r\d+)\s*\+\s*vit[-_ ]?(ti|s|b|l|h)[/_-]?(\d+)", s) or re.fullmatch(
+        r"(?i)vit_(tiny|small|base|large|huge)_(r\d+)_s(\d+)(?:_\d+)?(?:\..*)?", s)
+    if hybrid:
+        a, b, n = hybrid.groups()
+        r, size = (a, b) if a.lower().startswith("r") else (b, _TIMM_SIZES[a.lower()])
+        size = {"ti": "Ti"}.get(size.lower(), size.upper())
+        key = f"{r.upper()}+ViT-{size}/{n}"
+        if key not in VARIANTS:
+            raise ValueError(f"unknown model {name!r}; known models: {', '.join(VARIANTS)}")
+        return key
     m = re.fullmatch(r"(?i)(?:vit[-_ ]?)?(ti|s|b|l|h)[/_-]?(\d+)", s)
     if m:
         size = {"ti": "Ti"}.get(m.group(1).lower(), m.group(1).upper())

@@ -8,12 +8,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ViTConfig
+from .hybrid import backbone_channels, backbone_macs
+
+
+def _backbone_params(cfg: ViTConfig) -> int:
+    """Parameters of the hybrid's ResNet: bias-free convolutions, GroupNorm scale and shift."""
+    layers, width = cfg.hybrid_layers or (), cfg.hybrid_width
+    n = cfg.in_chans * width * 49 + 2 * width  # stem
+    cin = width
+    for i, depth in enumerate(layers):
+        cout = 4 * width * 2**i
+        mid = cout // 4
+        for b in range(depth):
+            n += cin * mid + mid * mid * 9 + mid * cout + 2 * (mid + mid + cout)
+            if b == 0:
+                n += cin * cout + 2 * cout  # projection shortcut
+            cin = cout
+    return n
 
 
 def count_params(cfg: ViTConfig) -> int:
     """Exact trainable parameter count of `VisionTransformer(cfg)`, without building it."""
     D, M, P, C = cfg.embed_dim, cfg.mlp_dim, cfg.patch_size, cfg.in_chans
-    n = C * P * P * D + D  # patch projection E and its bias
+    if cfg.hybrid_layers is not None:  # the ResNet's convolutions and GroupNorms, then E over its channels
+        n, C = _backbone_params(cfg), backbone_channels(cfg.hybrid_layers, cfg.hybrid_width)
+    else:
+        n = 0
+    n += C * P * P * D + D  # patch projection E and its bias
     n += D if cfg.class_token else 0
     n += cfg.seq_len * D if cfg.pos_embed == "learned" else 0
     qkv = 3 * D * D + (3 * D if cfg.qkv_bias else 0)
@@ -32,9 +53,13 @@ def count_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, b
     """FLOPs of one forward pass for one image (x3 with `backward`: forward + backward)."""
     h, w = cfg.img_hw if img_size is None else ((img_size, img_size) if isinstance(img_size, int) else img_size)
     P, D, M = cfg.patch_size, cfg.embed_dim, cfg.mlp_dim
-    N = (h // P) * (w // P)
+    N = (h // cfg.pixel_patch) * (w // cfg.pixel_patch)
     T = N + cfg.num_prefix_tokens
-    macs = N * cfg.in_chans * P * P * D  # patch embedding
+    if cfg.hybrid_layers is not None:
+        macs = backbone_macs(cfg.in_chans, cfg.hybrid_layers, cfg.hybrid_width, h, w)
+        macs += N * backbone_channels(cfg.hybrid_layers, cfg.hybrid_width) * P * P * D
+    else:
+        macs = N * cfg.in_chans * P * P * D  # patch embedding
     per_block = T * D * 3 * D + T * T * D + T * T * D + T * D * D + 2 * T * D * M
     macs += cfg.depth * per_block
     feat = D
@@ -68,8 +93,9 @@ def table1(num_classes: int = 1000) -> list[TableRow]:
     for name in list_models():
         cfg = ViTConfig.from_name(name, num_classes=num_classes)
         # A size that is not a multiple of P (384 for /14) is taken to the nearest multiple (378).
-        res = {s: round(s / cfg.patch_size) * cfg.patch_size for s in (224, 384)}
-        seq = {s: (r // cfg.patch_size) ** 2 + cfg.num_prefix_tokens for s, r in res.items()}
+        pp = cfg.pixel_patch
+        res = {s: round(s / pp) * pp for s in (224, 384)}
+        seq = {s: (r // pp) ** 2 + cfg.num_prefix_tokens for s, r in res.items()}
         rows.append(
             TableRow(
                 name=name, layers=cfg.depth, width=cfg.embed_dim, mlp=cfg.mlp_dim, heads=cfg.num_heads,
@@ -82,12 +108,12 @@ def table1(num_classes: int = 1000) -> list[TableRow]:
 
 
 def format_table1(rows: list[TableRow]) -> str:
-    head = f"{'Model':<10} {'Layers':>6} {'Width':>6} {'MLP':>6} {'Heads':>5} {'Params':>13} " \
+    head = f"{'Model':<13} {'Layers':>6} {'Width':>6} {'MLP':>6} {'Heads':>5} {'Params':>13} " \
            f"{'Seq@224':>8} {'GFLOPs@224':>11} {'Seq@384':>8} {'GFLOPs@384':>11}"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.name:<10} {r.layers:>6} {r.width:>6} {r.mlp:>6} {r.heads:>5} {r.params:>13,} "
+            f"{r.name:<13} {r.layers:>6} {r.width:>6} {r.mlp:>6} {r.heads:>5} {r.params:>13,} "
             f"{r.seq_224:>8} {r.gflops_224:>11.2f} {r.seq_384:>8} {r.gflops_384:>11.2f}"
         )
     lines.append("Params with 1000 classes; FLOPs count a multiply-add as 2 and include attention; "

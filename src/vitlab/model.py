@@ -19,26 +19,38 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
+from .hybrid import backbone_channels, build_backbone, init_backbone
 from .posembed import resample_pos_embed, sincos_2d
 
 
 class PatchEmbed(nn.Module):
-    """Cut the image into P x P patches and project each with E (a stride-P convolution is the same map)."""
+    """Cut the image into P x P patches and project each with E (a stride-P convolution is the same map).
+    For the hybrid (Sec. 3.1), the patches are cut from a ResNet feature map instead (`vitlab.hybrid`)."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
-        self.patch_size = cfg.patch_size
-        self.proj = nn.Conv2d(cfg.in_chans, cfg.embed_dim, cfg.patch_size, stride=cfg.patch_size)
+        self.pixel_patch = cfg.pixel_patch
+        self.in_chans = cfg.in_chans
+        cin = cfg.in_chans
+        if cfg.hybrid_layers is not None:
+            self.backbone = build_backbone(cfg.in_chans, cfg.hybrid_layers, cfg.hybrid_width)
+            cin = backbone_channels(cfg.hybrid_layers, cfg.hybrid_width)
+        else:
+            self.backbone = None
+        self.proj = nn.Conv2d(cin, cfg.embed_dim, cfg.patch_size, stride=cfg.patch_size)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         if x.dim() != 4:
             raise ValueError(f"expected images of shape (B, C, H, W), got {tuple(x.shape)}")
         _, c, h, w = x.shape
-        p = self.patch_size
-        if c != self.proj.in_channels:
-            raise ValueError(f"model expects {self.proj.in_channels} input channels, got {c}")
+        p = self.pixel_patch
+        if c != self.in_chans:
+            raise ValueError(f"model expects {self.in_chans} input channels, got {c}")
         if h % p or w % p:
-            raise ValueError(f"input size {h}x{w} is not a multiple of the patch size {p}")
+            kind = "pixels per token (ResNet stride x patch size)" if self.backbone is not None else "patch size"
+            raise ValueError(f"input size {h}x{w} is not a multiple of the {kind} {p}")
+        if self.backbone is not None:
+            x = self.backbone(x)  # (B, C', H/s, W/s): the ResNet feature map
         x = self.proj(x)  # (B, D, H/P, W/P)
         return x.flatten(2).transpose(1, 2), (h // p, w // p)  # (B, N, D), grid
 
@@ -167,6 +179,8 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(block.mlp.fc2.bias, std=1e-6)
         _lecun_normal_(self.patch_embed.proj.weight)
         nn.init.zeros_(self.patch_embed.proj.bias)
+        if self.patch_embed.backbone is not None:
+            init_backbone(self.patch_embed.backbone)
         if self.pos_embed is not None:
             nn.init.normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:

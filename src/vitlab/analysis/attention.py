@@ -135,7 +135,7 @@ def reduce_batch(
         (b, L, heads) mean attention distance, (b, gh, gw) rollout maps, and {layer: (b, heads, gh, gw)}
         maps of `keep_layers`; all on the CPU and owning their memory (no views into attention tensors).
     """
-    prefix, P = model.num_prefix_tokens, model.patch_embed.patch_size
+    prefix, P = model.num_prefix_tokens, model.patch_embed.pixel_patch
     keep = set(keep_layers)
     per_layer = torch.empty(batch.shape[0], len(model.blocks), model.cfg.num_heads, dtype=torch.float64)
     rollout, kept = None, {}
@@ -191,7 +191,7 @@ def analyze_attention(
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     wanted = sorted(model._layer_indices(layer_maps))
-    P = model.patch_embed.patch_size
+    P = model.patch_embed.pixel_patch
     batches = images.split(batch_size) if isinstance(images, torch.Tensor) else images
     was_training = model.training
     model.eval()

@@ -34,6 +34,9 @@ class FilterPCA:
 
 def patch_embedding_filters(model: VisionTransformer) -> np.ndarray:
     """E of a model as (D, C, P, P) filters (the stride-P convolution's kernel)."""
+    if model.patch_embed.backbone is not None:
+        raise ValueError("a hybrid's patch embedding reads ResNet feature maps, not pixels: it has no image "
+                         "filters (Fig. 7 left is for the plain ViT)")
     return model.patch_embed.proj.weight.detach().float().cpu().numpy()
 
 

@@ -48,7 +48,7 @@ class AnalysisResult:
     """
 
     images: np.ndarray
-    filters: FilterPCA
+    filters: FilterPCA | None
     pos_similarity: np.ndarray | None
     attention: AttentionAnalysis
     config: dict[str, Any]
@@ -80,7 +80,9 @@ def analyze(
         pos = pos_embed_similarity(position_embedding_grid(model))
     result = AnalysisResult(
         images=display_images(images),
-        filters=filter_pca(model, num_components),
+        # A hybrid's E reads ResNet features, not pixels: it has no image-like filters to show (Fig. 7 is
+        # drawn for the plain ViT only).
+        filters=filter_pca(model, num_components) if model.patch_embed.backbone is None else None,
         pos_similarity=pos,
         attention=analyze_attention(model, images, batch_size=batch_size, layer_maps=layer_maps),
         config=model.cfg.to_dict(),
@@ -332,7 +334,9 @@ def _tolist(x: np.ndarray, decimals: int = 6) -> list:
 
 def report_files(result: AnalysisResult) -> list[str]:
     """Names of the files `write_report` writes for `result`."""
-    names = ["filters", "attention_distance", "attention_rollout"]
+    names = ["attention_distance", "attention_rollout"]
+    if result.filters is not None:
+        names.insert(0, "filters")
     if result.pos_similarity is not None:
         names.insert(1, "posembed_similarity")
     names += [f"attention_layer{i + 1}" for i in sorted(result.attention.layer_maps)]
@@ -356,15 +360,17 @@ def write_report(result: AnalysisResult, out_dir: str | Path, overwrite: bool = 
     att = result.attention
     sections: list[tuple[str, str, str, bytes]] = []  # (stem, title, caption, png)
 
-    sections.append(("filters", "Patch-embedding filters (Fig. 7 left)",
-                     "Top principal components of the patch projection E, each shown as a P x P image.",
-                     _png(plot_filters(result.filters))))
-    figs_json: dict[str, dict] = {"filters": {
-        "components": _tolist(result.filters.components),
-        "explained_variance": _tolist(result.filters.explained_variance),
-        "explained_variance_ratio": _tolist(result.filters.explained_variance_ratio),
-        "shape": "(K, C, P, P)",
-    }}
+    figs_json: dict[str, dict] = {}
+    if result.filters is not None:
+        sections.append(("filters", "Patch-embedding filters (Fig. 7 left)",
+                         "Top principal components of the patch projection E, each shown as a P x P image.",
+                         _png(plot_filters(result.filters))))
+        figs_json["filters"] = {
+            "components": _tolist(result.filters.components),
+            "explained_variance": _tolist(result.filters.explained_variance),
+            "explained_variance_ratio": _tolist(result.filters.explained_variance_ratio),
+            "shape": "(K, C, P, P)",
+        }
     if result.pos_similarity is not None:
         sections.append(("posembed_similarity", "Position-embedding similarity (Fig. 7 centre)",
                          "Tile (row i, column j): cosine similarity of patch (i, j)'s position embedding to "

@@ -143,7 +143,7 @@ def load_model(
             report.messages.append("no config.json beside the transformers weights: layer_norm_eps=1e-6 assumed "
                                    "(transformers' default is 1e-12; pass layer_norm_eps=... if it was used)")
         if report.inferred.get("img_size") is not None and ckpt.grid is None:
-            ckpt.grid = _grid(report.inferred["img_size"], cfg.patch_size)
+            ckpt.grid = _grid(report.inferred["img_size"], cfg.pixel_patch)
         log.info("%s: inferred from tensor shapes: %s", ckpt.source,
                  ", ".join(f"{k}={v}" for k, v in report.inferred.items()))
     if overrides:

@@ -19,6 +19,27 @@ from ..posembed import infer_grid
 from .report import WeightsError
 
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
+_STAGE_RE = re.compile(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
+
+
+def _hybrid_fields(state: dict[str, torch.Tensor], source: str) -> dict[str, Any]:
+    """hybrid_layers / hybrid_width / in_chans of a hybrid's ResNet (timm's ResNetV2 names), or {} for a plain ViT."""
+    if not any(k.startswith("patch_embed.backbone.") for k in state):
+        return {}
+    stem = next((state[k] for k in ("patch_embed.backbone.stem.conv.weight", "patch_embed.backbone.conv.weight")
+                 if k in state), None)
+    if stem is None:
+        raise WeightsError(f"{source}: a hybrid backbone without a stem convolution (patch_embed.backbone."
+                           "stem.conv.weight); only BiT-style ResNet hybrids are supported")
+    depth: dict[int, int] = {}
+    for k in state:
+        if m := _STAGE_RE.match(k):
+            i, j = int(m.group(1)), int(m.group(2))
+            depth[i] = max(depth.get(i, 0), j + 1)
+    if sorted(depth) != list(range(len(depth))):
+        raise WeightsError(f"{source}: hybrid backbone stages {sorted(depth)} are not numbered 0..n-1")
+    return dict(hybrid_layers=tuple(depth[i] for i in range(len(depth))), hybrid_width=int(stem.shape[0]),
+                in_chans=int(stem.shape[1]))
 
 
 def infer_config(
@@ -50,6 +71,7 @@ def infer_config(
     blocks = {int(m.group(1)) for k in state if (m := _BLOCK_RE.match(k))}
     if not blocks:
         raise WeightsError(f"{source}: no Transformer blocks found")
+    hybrid = _hybrid_fields(state, source)
     inferred: dict[str, Any] = dict(
         embed_dim=int(D), in_chans=int(C), patch_size=int(ph), depth=max(blocks) + 1,
         mlp_dim=int(state["blocks.0.mlp.fc1.weight"].shape[0]),
@@ -58,18 +80,21 @@ def infer_config(
         num_classes=int(state["head.weight"].shape[0]) if "head.weight" in state else 0,
         representation_size=int(state["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in state else None,
     )
+    inferred.update(hybrid)
     inferred["pool"] = "token" if inferred["class_token"] else "gap"
+    # pixels per token: P, or the hybrid ResNet's stride x P
+    pixel = int(ph) * (4 * 2 ** max(len(hybrid["hybrid_layers"]) - 1, 0) if hybrid else 1)
     notes: list[str] = []
     if "pos_embed" in state:
         inferred["pos_embed"] = "learned"
         n = state["pos_embed"].shape[-2] - int(inferred["class_token"])
         if grid is None and "img_size" in known:
-            grid = _grid(known["img_size"], int(ph))
+            grid = _grid(known["img_size"], pixel)
         if grid is None:
             try:
                 grid = infer_grid(n)
             except ValueError:
-                hint = _grid(img_size_hint, int(ph)) if img_size_hint is not None else None
+                hint = _grid(img_size_hint, pixel) if img_size_hint is not None else None
                 if hint is not None and hint[0] * hint[1] == n:
                     grid = hint
                 else:
@@ -77,7 +102,7 @@ def infer_config(
                         f"{source}: position embedding has {n} patch rows, not a square grid; "
                         "pass img_size=(H, W) to load_model"
                     ) from None
-        inferred["img_size"] = grid[0] * int(ph) if grid[0] == grid[1] else (grid[0] * int(ph), grid[1] * int(ph))
+        inferred["img_size"] = grid[0] * pixel if grid[0] == grid[1] else (grid[0] * pixel, grid[1] * pixel)
     elif "pos_embed" not in known:
         inferred["pos_embed"] = "none"
         notes.append("no position-embedding tensor: built with pos_embed='none' (pass pos_embed='sincos2d' if the "
@@ -110,6 +135,7 @@ def _variant_name(fields: dict[str, Any]) -> str | None:
     """The named variant these fields are, if any (ignoring image size and head)."""
     arch = ("embed_dim", "depth", "mlp_dim", "num_heads", "patch_size")
     for name, row in VARIANTS.items():
-        if all(fields.get(k) == row[k] for k in arch):
+        if all(fields.get(k) == row[k] for k in arch) and fields.get("hybrid_layers") == row.get("hybrid_layers") \
+                and fields.get("hybrid_width", 64) == row.get("hybrid_width", 64):
             return name
     return None

@@ -2,7 +2,7 @@
 
 timm's `VisionTransformer` and ours share `patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.{i}.norm1`,
 `blocks.{i}.attn.qkv`, `blocks.{i}.attn.proj`, `blocks.{i}.norm2`, `blocks.{i}.mlp.fc1/fc2`, `norm`, `head`
-(and older timm's `pre_logits.fc`), so nothing is renamed. Options of timm's that change the function and that
+(and older timm's `pre_logits.fc`), so nothing is renamed; the hybrids' ResNetV2 (`patch_embed.backbone.*`) too. Options of timm's that change the function and that
 our model does not have are refused by name rather than silently ignored.
 """
 
@@ -23,7 +23,6 @@ _UNSUPPORTED = {
     "attn.q_norm.": "QK normalisation",
     "attn.k_norm.": "QK normalisation",
     "attn_pool.": "attention pooling (MAP head)",
-    "patch_embed.backbone.": "a hybrid CNN stem (R50+ViT)",
 }
 
 

@@ -1,0 +1,180 @@
+"""The hybrid's input: tokens from a ResNet feature map instead of raw patches (paper Sec. 3.1, "Hybrid
+Architecture"; Sec. 4.1: ResNet-50 as in BiT, GroupNorm and weight-standardised convolutions, stage 4 dropped
+and stage 3 extended to 9 blocks for R50+ViT-B/16).
+
+The ResNet is BiT's v2 layout in its post-activation form, as in Google's hybrid checkpoints:
+
+    stem:   StdConv 7x7 / 2 -> GroupNorm -> ReLU -> max-pool 3x3 / 2       (stride 4)
+    stage:  Bottleneck blocks (1x1 -> 3x3 -> 1x1, GroupNorm after each, ReLU after the first two and after the
+            residual sum); the first block of a stage projects the shortcut (1x1 StdConv + GroupNorm) and, from
+            the second stage on, halves the resolution (stride 2 in its 3x3).
+
+Padding is TensorFlow's "SAME" (input-size dependent, extra pixel on the bottom/right), as in the JAX models.
+Module names follow timm's ResNetV2 (`patch_embed.backbone.stem.conv.weight`, `...stages.0.blocks.0.conv1.weight`)
+so timm's `vit_*_r*` hybrids interchange weights; with no stages the backbone is the bare stem, as in timm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GROUPS = 32  # GroupNorm groups, as in BiT
+WS_EPS = 1e-8  # weight-standardisation epsilon of the hybrids (timm and vit_jax)
+GN_EPS = 1e-5
+
+
+def _same_pad(x: torch.Tensor, k: int, s: int, value: float = 0.0) -> torch.Tensor:
+    """TensorFlow "SAME" padding for a k x k window at stride s: output ceil(in / s), extra pixel bottom/right."""
+    ih, iw = x.shape[-2:]
+    ph = max((math.ceil(ih / s) - 1) * s + k - ih, 0)
+    pw = max((math.ceil(iw / s) - 1) * s + k - iw, 0)
+    if ph or pw:
+        x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2], value=value)
+    return x
+
+
+class StdConv2d(nn.Conv2d):
+    """Convolution with weight standardisation (each filter: zero mean, unit variance), "SAME" padding, no bias."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int = 1, eps: float = WS_EPS):
+        super().__init__(cin, cout, k, stride=stride, padding=0, bias=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        mean = w.mean(dim=(1, 2, 3), keepdim=True)
+        var = w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
+        w = (w - mean) / torch.sqrt(var + self.eps)
+        return F.conv2d(_same_pad(x, self.kernel_size[0], self.stride[0]), w, None, self.stride)
+
+
+class GroupNormAct(nn.GroupNorm):
+    """GroupNorm (32 groups) followed by ReLU unless `act=False`."""
+
+    def __init__(self, channels: int, act: bool = True):
+        super().__init__(GROUPS, channels, eps=GN_EPS)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = super().forward(x)
+        return F.relu(x) if self.act else x
+
+
+class MaxPoolSame(nn.Module):
+    """3x3 / 2 max-pool with "SAME" padding (pads with -inf, so padding never wins)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(_same_pad(x, 3, 2, value=float("-inf")), 3, 2)
+
+
+class Downsample(nn.Module):
+    """The projection shortcut of a stage's first block."""
+
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv = StdConv2d(cin, cout, 1, stride)
+        self.norm = GroupNormAct(cout, act=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.conv(x))
+
+
+class Bottleneck(nn.Module):
+    """1x1 (width) -> 3x3 (width, stride) -> 1x1 (4 x width), GroupNorm after each; ReLU after the sum."""
+
+    def __init__(self, cin: int, cout: int, stride: int, project: bool):
+        super().__init__()
+        mid = cout // 4
+        self.downsample = Downsample(cin, cout, stride) if project else None
+        self.conv1 = StdConv2d(cin, mid, 1)
+        self.norm1 = GroupNormAct(mid)
+        self.conv2 = StdConv2d(mid, mid, 3, stride)
+        self.norm2 = GroupNormAct(mid)
+        self.conv3 = StdConv2d(mid, cout, 1)
+        self.norm3 = GroupNormAct(cout, act=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shortcut = x if self.downsample is None else self.downsample(x)
+        x = self.norm1(self.conv1(x))
+        x = self.norm2(self.conv2(x))
+        x = self.norm3(self.conv3(x))
+        return F.relu(x + shortcut)
+
+
+class Stage(nn.Module):
+    def __init__(self, cin: int, cout: int, depth: int, stride: int):
+        super().__init__()
+        self.blocks = nn.Sequential(*[
+            Bottleneck(cin if i == 0 else cout, cout, stride if i == 0 else 1, project=i == 0) for i in range(depth)
+        ])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+def make_stem(in_chans: int, width: int) -> nn.Sequential:
+    return nn.Sequential(OrderedDict(conv=StdConv2d(in_chans, width, 7, 2), norm=GroupNormAct(width),
+                                     pool=MaxPoolSame()))
+
+
+class ResNetBackbone(nn.Module):
+    """Stem plus stages; stage i has `layers[i]` bottlenecks of width `width * 2**i` (outputs 4x that)."""
+
+    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int):
+        super().__init__()
+        self.stem = make_stem(in_chans, width)
+        stages, cin = [], width
+        for i, depth in enumerate(layers):
+            cout = 4 * width * 2**i
+            stages.append(Stage(cin, cout, depth, stride=1 if i == 0 else 2))
+            cin = cout
+        self.stages = nn.Sequential(*stages)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stages(self.stem(x))
+
+
+def build_backbone(in_chans: int, layers: tuple[int, ...], width: int) -> nn.Module:
+    """The ResNet for `ViTConfig.hybrid_layers` / `hybrid_width`; with no stages, the bare stem (timm's layout)."""
+    return ResNetBackbone(in_chans, layers, width) if layers else make_stem(in_chans, width)
+
+
+def backbone_channels(layers: tuple[int, ...], width: int) -> int:
+    """Channels of the feature map the tokens are projected from."""
+    return 4 * width * 2 ** (len(layers) - 1) if layers else width
+
+
+@torch.no_grad()
+def init_backbone(backbone: nn.Module) -> None:
+    """He-normal (fan-out) convolutions, unit GroupNorm scales, zero shifts: the usual ResNet init."""
+    for m in backbone.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.GroupNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def backbone_macs(in_chans: int, layers: tuple[int, ...], width: int, h: int, w: int) -> int:
+    """Multiply-adds of the backbone's convolutions for one (h, w) image ("SAME" padding: sizes are ceil(in/s))."""
+    h, w = math.ceil(h / 2), math.ceil(w / 2)
+    macs = h * w * in_chans * width * 7 * 7  # stem conv
+    h, w = math.ceil(h / 2), math.ceil(w / 2)  # max-pool
+    cin = width
+    for i, depth in enumerate(layers):
+        cout = 4 * width * 2**i
+        mid = cout // 4
+        for b in range(depth):
+            s = 2 if i > 0 and b == 0 else 1
+            macs += h * w * cin * mid  # conv1, at the input resolution
+            h, w = math.ceil(h / s), math.ceil(w / s)
+            macs += h * w * (mid * mid * 9 + mid * cout)  # conv2 (strided), conv3
+            if b == 0:
+                macs += h * w * cin * cout  # projection shortcut
+            cin = cout
+    return macs
