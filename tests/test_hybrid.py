@@ -95,3 +95,25 @@ def test_wrong_input_size_names_the_hybrid_stride():
                                 hybrid_width=32)
     with pytest.raises(ValueError, match="ResNet stride x patch size"):
         model(torch.randn(1, 3, 36, 36))
+
+
+@pytest.mark.parametrize("name", ["vit_small_r26_s32_224", "vit_tiny_r_s16_p8_224"])
+def test_vit_jax_npz_of_a_hybrid_is_read_by_timms_reader_and_ours(tmp_path, name):
+    """Our .npz in Google's hybrid layout (conv_root, block{s}/unit{u}/...): timm's vit_jax reader loads it into
+    its own hybrid with equal logits, and our reader reads it back."""
+    from timm.models.vision_transformer import _load_weights as timm_load_npz
+
+    layers = (2, 2, 2, 2) if "r26" in name else ()
+    ours = perturb_(vitlab.create_model("ViT-Ti/16", embed_dim=64, depth=2, num_heads=4, mlp_dim=128, num_classes=5,
+                                        img_size=64, patch_size=1 if layers else 8, hybrid_layers=layers)).eval()
+    path = tmp_path / "hybrid.npz"
+    vitlab.save_weights(ours, path)
+    theirs = timm.create_model(name, pretrained=False, embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0,
+                               num_classes=5, img_size=64).eval()
+    with torch.no_grad():
+        timm_load_npz(theirs, str(path))
+    x = torch.randn(2, 3, 64, 64)
+    torch.testing.assert_close(theirs(x), ours(x), atol=ATOL, rtol=0)
+    back = vitlab.load_model(path).eval()
+    assert back.cfg.hybrid_layers == layers
+    torch.testing.assert_close(back(x), ours(x), atol=ATOL, rtol=0)

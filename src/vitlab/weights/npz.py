@@ -16,6 +16,13 @@ query/key/value kernels (D, heads, head_dim), biases (heads, head_dim), the outp
     Transformer/encoder_norm/{scale,bias}                             norm
     pre_logits/{kernel,bias}                                          pre_logits.fc
     head/{kernel,bias}                                                head
+
+Hybrids (R50+ViT) add the BiT ResNet at the top level; convolution kernels are HWIO:
+
+    conv_root/kernel, gn_root/{scale,bias}                            patch_embed.backbone.stem.{conv,norm}
+    block{s}/unit{u}/conv{1,2,3}/kernel, .../gn{1,2,3}/{scale,bias}   ...stages.{s-1}.blocks.{u-1}.conv{r}, norm{r}
+    block{s}/unit{u}/conv_proj/kernel, .../gn_proj/{scale,bias}       ...stages.{s-1}.blocks.{u-1}.downsample
+(a stem-only hybrid has no `stem.`: its backbone is the stem, as in timm).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ _ATTN = "MultiHeadDotProductAttention_1"
 _LN = {"LayerNorm_0": "norm1", "LayerNorm_2": "norm2"}
 _DENSE = {"MlpBlock_3/Dense_0": "mlp.fc1", "MlpBlock_3/Dense_1": "mlp.fc2"}
 _LN_PARAM = {"scale": "weight", "bias": "bias"}
+_RESNET_RE = re.compile(r"block(\d+)/unit(\d+)/(conv[123]|gn[123]|conv_proj|gn_proj)/(kernel|scale|bias)")
+_RESNET_PART = {"conv1": "conv1", "conv2": "conv2", "conv3": "conv3", "gn1": "norm1", "gn2": "norm2", "gn3": "norm3",
+                "conv_proj": "downsample.conv", "gn_proj": "downsample.norm"}
 
 
 def matches(keys: set[str]) -> bool:
@@ -49,8 +59,6 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
     """Convert a vit_jax archive to our tensors; also returns the config fields it fixes (num_heads, ...)."""
     if PREFIX + "embedding/kernel" in arrays:
         arrays = {k.removeprefix(PREFIX): v for k, v in arrays.items() if k.startswith(PREFIX)}
-    if "conv_root/kernel" in arrays:
-        raise WeightsError(f"{source}: an R50+ViT hybrid checkpoint (conv_root/...); only pure ViT is supported")
     if "embedding/kernel" not in arrays:
         if any(k.startswith("params/") for k in arrays):
             raise WeightsError(f"{source}: a big_vision checkpoint (params/...); only vit_jax .npz files are read")
@@ -62,8 +70,26 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
     out: dict[str, torch.Tensor] = {}
     hints: dict[str, Any] = {}
     qkv: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    stem = "patch_embed.backbone.stem." if any(_RESNET_RE.fullmatch(k) for k in arrays) else "patch_embed.backbone."
+
+    def param(a: np.ndarray, kind: str) -> torch.Tensor:
+        """A ResNet kernel (HWIO -> OIHW) or GroupNorm scale / bias (any shape with C values -> (C,))."""
+        if kind == "kernel":
+            if a.ndim != 4:
+                raise WeightsError(f"{source}: a ResNet kernel of shape {a.shape}; expected (kh, kw, in, out)")
+            return t(a.transpose(3, 2, 0, 1))
+        return t(a.reshape(-1))
+
     for key, a in arrays.items():
-        if key == "embedding/kernel":
+        if key in ("conv_root/kernel", "gn_root/scale", "gn_root/bias"):
+            name = "conv.weight" if key == "conv_root/kernel" else f"norm.{_LN_PARAM[key.rsplit('/', 1)[1]]}"
+            out[stem + name] = param(a, key.rsplit("/", 1)[1])
+        elif m := _RESNET_RE.fullmatch(key):
+            stage, unit, part, kind = m.groups()
+            name = "weight" if kind in ("kernel", "scale") else "bias"
+            out[f"patch_embed.backbone.stages.{int(stage) - 1}.blocks.{int(unit) - 1}.{_RESNET_PART[part]}.{name}"] = \
+                param(a, kind)
+        elif key == "embedding/kernel":
             if a.ndim != 4:
                 raise WeightsError(f"{source}: embedding/kernel has shape {a.shape}; expected (P, P, C, D)")
             out["patch_embed.proj.weight"] = t(a.transpose(3, 2, 0, 1))  # (P, P, C, D) -> (D, C, P, P)
@@ -122,7 +148,24 @@ def from_ours(state: dict[str, torch.Tensor], cfg: ViTConfig) -> tuple[dict[str,
     def n(x: torch.Tensor) -> np.ndarray:
         return x.detach().to("cpu", torch.float32).numpy()
 
-    out: dict[str, np.ndarray] = {
+    out: dict[str, np.ndarray] = {}
+    names = {"conv": "conv_root", "norm": "gn_root"}
+    for key, v in state.items():  # a hybrid's ResNet
+        if not key.startswith("patch_embed.backbone."):
+            continue
+        rest = key.removeprefix("patch_embed.backbone.").removeprefix("stem.")
+        if m := re.fullmatch(r"stages\.(\d+)\.blocks\.(\d+)\.(.+)\.(weight|bias)", rest):
+            stage, unit, part, kind = m.groups()
+            theirs = next(k for k, o in _RESNET_PART.items() if o == part)
+            name = f"block{int(stage) + 1}/unit{int(unit) + 1}/{theirs}"
+        else:
+            part, kind = rest.rsplit(".", 1)
+            name = names[part]
+        if name.rsplit("/", 1)[-1].startswith("conv"):
+            out[f"{name}/kernel"] = n(v).transpose(2, 3, 1, 0)  # OIHW -> HWIO
+        else:
+            out[f"{name}/{'scale' if kind == 'weight' else 'bias'}"] = n(v)
+    out |= {
         "embedding/kernel": n(state["patch_embed.proj.weight"]).transpose(2, 3, 1, 0),  # (D, C, P, P) -> HWIO
         "embedding/bias": n(state["patch_embed.proj.bias"]),
         "Transformer/encoder_norm/scale": n(state["norm.weight"]),
