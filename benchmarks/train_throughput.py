@@ -1,9 +1,11 @@
 """Training throughput on the Fashion-MNIST recipe: vitlab's trainer against a plain timm ViT of the same shape in
 a standard PyTorch loop (torchvision FashionMNIST + per-image transforms + DataLoader, fp32, AdamW).
 
-Both run in one process, interleaved round by round (A, B, A, B, ...) so that a machine shared with other jobs
-slows both alike; the table reports the median images/s of each side. The baseline is run with the DataLoader
-both in-process (num_workers=0) and with worker processes, and the faster of the two counts.
+Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
+src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved (A, B, A, B, ...)
+so that a machine shared with other jobs slows both alike; only one side computes at a time. The table reports
+the median images/s of each side. The baseline is run with the DataLoader both in-process (num_workers=0) and
+with worker processes, and the faster of the two counts.
 
     .venv/bin/python benchmarks/train_throughput.py --rounds 5 --steps 10 -o benchmarks/results/train_throughput.md
 """
@@ -115,6 +117,18 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str):
     return run
 
 
+def _baseline_process(conn, config: str, overrides: list[str], steps: int, workers: int, threads: int,
+                      root: str) -> None:
+    """The baselines' own process: build both loops, then run a round whenever the parent asks for one."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    recipe = load_recipe(config, overrides)
+    sides = {0: timm_side(recipe, steps, 0, root), workers: timm_side(recipe, steps, workers, root)}
+    conn.send("ready")
+    while (msg := conn.recv()) is not None:
+        conn.send(sides[msg]())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_scratch.yaml"))
@@ -125,16 +139,33 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the baseline's second variant")
     p.add_argument("-o", "--output", default=None, help="write the table (Markdown) and a .json beside it")
     args = p.parse_args()
+    import multiprocessing as mp
+
+    from vitlab.allocator import keep_freed_memory
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     recipe = load_recipe(args.config, args.overrides)
     root = torchvision_root()
+    conn, child_conn = mp.get_context("spawn").Pipe()
+    child = mp.get_context("spawn").Process(target=_baseline_process, args=(
+        child_conn, args.config, args.overrides, args.steps, args.workers, args.threads, root))
+    child.start()
+    if conn.recv() != "ready":
+        raise RuntimeError("the baseline process did not start")
+
+    def remote(key: int):
+        def run() -> float:
+            conn.send(key)
+            return conn.recv()
+        return run
+
+    allocator = "tuned allocator" if keep_freed_memory() else "default allocator"
     sides = {
         f"vitlab ({recipe.train.precision}{', torch.compile' if recipe.train.compile else ''}, in-memory batch "
-        "augmentation)": vitlab_side(recipe, args.steps),
-        "timm + torchvision DataLoader (fp32, num_workers=0)": timm_side(recipe, args.steps, 0, root),
-        f"timm + torchvision DataLoader (fp32, num_workers={args.workers})": timm_side(recipe, args.steps,
-                                                                                        args.workers, root),
+        f"augmentation, {allocator})": vitlab_side(recipe, args.steps),
+        "timm + torchvision DataLoader (fp32, num_workers=0)": remote(0),
+        f"timm + torchvision DataLoader (fp32, num_workers={args.workers})": remote(args.workers),
     }
     for run in sides.values():  # warm-up round, not counted
         run()
@@ -143,6 +174,8 @@ def main() -> None:
         for name, run in sides.items():
             results[name].append(run())
         print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{v[-1]:.0f}" for v in results.values()), flush=True)
+    conn.send(None)
+    child.join()
     med = {name: statistics.median(v) for name, v in results.items()}
     ours = next(iter(med.values()))
     baseline = max(list(med.values())[1:])

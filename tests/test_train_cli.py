@@ -102,6 +102,32 @@ def test_predict_cli_names_labels(trained, fmnist_root, tmp_path, capsys):
     assert rc == 2 and "missing.png" in capsys.readouterr().err
 
 
+def test_eval_and_predict_run_through_speed_modes(trained, fmnist_root, tmp_path, capsys):
+    """--mode routes through vitlab.optimize: int8 and bf16 keep the fp32 answers on a trained model."""
+    ckpt = str(trained / "model.safetensors")
+    data = ["--data", f"fashion_mnist:{fmnist_root}", "--json"]
+    capsys.readouterr()
+    assert main(["eval", ckpt, *data]) == 0
+    ref = json.loads(capsys.readouterr().out)
+    assert main(["eval", ckpt, *data, "--mode", "int8"]) == 0
+    q = json.loads(capsys.readouterr().out)
+    assert q["mode"] == "int8" and q["num_samples"] == 10000
+    assert abs(q["top1"] - ref["top1"]) < 0.02 and q["confusion"] != ref["confusion"]  # close, yet really int8
+    images, _ = _idx_test_images(fmnist_root, 4)
+    paths = []
+    for i, img in enumerate(images):
+        paths.append(str(tmp_path / f"img{i}.png"))
+        Image.fromarray(img).save(paths[-1])
+    tops = {}
+    for mode in ("fp32", "bf16"):
+        assert main(["predict", ckpt, *paths, "--top-k", "1", "--json", "--mode", mode]) == 0
+        tops[mode] = [o["top"][0] for o in json.loads(capsys.readouterr().out)]
+    assert [t["index"] for t in tops["bf16"]] == [t["index"] for t in tops["fp32"]]
+    assert [t["prob"] for t in tops["bf16"]] == pytest.approx([t["prob"] for t in tops["fp32"]], abs=0.03)
+    with pytest.raises(SystemExit):
+        main(["predict", ckpt, *paths, "--mode", "int4"])
+
+
 @pytest.mark.slow
 def test_demo_runs_end_to_end_tiny(tmp_path, fmnist_root, capsys):
     out = tmp_path / "demo"

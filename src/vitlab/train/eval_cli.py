@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..optimize import MODES, optimize
 from .loop import evaluate
 
 
@@ -18,17 +19,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help='dataset: "fashion_mnist", "imagefolder:/path", "cifar10:/path", ...')
     p.add_argument("--split", default="test", choices=("test", "val", "train"), help="which split (default test)")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32")
+    p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32", help="autocast precision (eager)")
+    p.add_argument("--mode", choices=MODES, default="fp32",
+                   help="inference speed mode from vitlab.optimize instead of plain eager (docs/speed.md); "
+                        "with any mode but fp32, --precision is ignored")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batch_size: int = 256,
-                        precision: str = "fp32", device: str | None = None) -> dict[str, Any]:
-    """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string)."""
+                        precision: str = "fp32", device: str | None = None, mode: str = "fp32") -> dict[str, Any]:
+    """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string), optionally through a
+    `vitlab.optimize` speed mode (the top-1 then measures that mode's accuracy)."""
     from ..data import build_eval_data, parse_data_spec
     from ..weights import load_model, read_metadata
 
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     model = load_model(checkpoint)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
@@ -46,8 +53,11 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
     ev = build_eval_data(data_cfg, split, img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=batch_size)
     if ev.num_classes != cfg.num_classes:
         raise ValueError(f"the checkpoint has {cfg.num_classes} classes but {data} has {ev.num_classes}")
-    result = evaluate(model, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes))
-    result.update({"checkpoint": checkpoint, "data": data, "split": split})
+    net = model
+    if mode != "fp32":
+        net, precision = optimize(model, mode), "fp32"  # the mode sets its own dtype; no autocast around it
+    result = evaluate(net, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes))
+    result.update({"checkpoint": checkpoint, "data": data, "split": split, "mode": mode})
     return result
 
 
@@ -66,8 +76,8 @@ def format_result(r: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
-                                precision=args.precision, device=args.device)
-    except (ValueError, FileNotFoundError, OSError) as e:
+                                precision=args.precision, device=args.device, mode=args.mode)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(r, indent=2) if args.json else format_result(r))

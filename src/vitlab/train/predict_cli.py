@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..optimize import MODES, optimize
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a .safetensors checkpoint written by vitlab")
@@ -17,24 +19,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=5)
     p.add_argument("--normalize", choices=("inception", "imagenet"), default=None,
                    help="pixel normalisation (default: the one the checkpoint was trained with, else inception)")
+    p.add_argument("--mode", choices=MODES, default="fp32",
+                   help="inference speed mode from vitlab.optimize (accuracy cost per mode: docs/speed.md)")
     p.add_argument("--json", action="store_true")
 
 
-def predict(checkpoint: str, images: list[str], top_k: int = 5, normalize: str | None = None) -> list[dict[str, Any]]:
-    """Top-k (label, probability) per image. Images are resized to the model's input size."""
+def predict(checkpoint: str, images: list[str], top_k: int = 5, normalize: str | None = None,
+            mode: str = "fp32") -> list[dict[str, Any]]:
+    """Top-k (label, probability) per image. Images are resized to the model's input size; `mode` is one of
+    `vitlab.optimize.MODES`."""
     from ..data import load_images
     from ..weights import load_model, read_metadata
 
     if top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {top_k}")
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     model = load_model(checkpoint)
     meta = read_metadata(checkpoint) or {}
     classes = meta.get("classes") or [str(i) for i in range(model.cfg.num_classes)]
     if normalize is None:
         normalize = ((meta.get("recipe") or {}).get("data") or {}).get("normalize", "inception")
     x = load_images(images, img_size=model.cfg.img_size, in_chans=model.cfg.in_chans, normalize=normalize)
+    net = optimize(model, mode) if mode != "fp32" else model.eval()
     with torch.no_grad():
-        probs = model.eval()(x).float().softmax(-1)  # (B, classes)
+        probs = net(x).float().softmax(-1)  # (B, classes)
     k = min(top_k, probs.shape[1])
     top = probs.topk(k, dim=1)
     return [{"image": path, "top": [{"label": classes[i], "index": int(i), "prob": float(p)}
@@ -44,8 +53,8 @@ def predict(checkpoint: str, images: list[str], top_k: int = 5, normalize: str |
 
 def run(args: argparse.Namespace) -> int:
     try:
-        out = predict(args.checkpoint, args.images, args.top_k, args.normalize)
-    except (ValueError, FileNotFoundError, OSError) as e:
+        out = predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:

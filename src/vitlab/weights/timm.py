@@ -2,8 +2,9 @@
 
 timm's `VisionTransformer` and ours share `patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.{i}.norm1`,
 `blocks.{i}.attn.qkv`, `blocks.{i}.attn.proj`, `blocks.{i}.norm2`, `blocks.{i}.mlp.fc1/fc2`, `norm`, `head`
-(and older timm's `pre_logits.fc`), so nothing is renamed; the hybrids' ResNetV2 (`patch_embed.backbone.*`) too. Options of timm's that change the function and that
-our model does not have are refused by name rather than silently ignored.
+(and older timm's `pre_logits.fc`), so nothing is renamed; neither are the hybrids' ResNetV2 tensors
+(`patch_embed.backbone.*`). Options of timm's that change the function and that our model does not have are
+refused by name rather than silently ignored.
 """
 
 from __future__ import annotations
