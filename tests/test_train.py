@@ -137,7 +137,9 @@ def _tiny(path: str, tmp_path: Path, fmnist_root: str) -> Recipe:
     model = d.setdefault("model", {})
     big_res = model.get("img_size", 224) > 224
     in_chans = model.get("in_chans", 3)
-    model.update(TINY, img_size=48 if big_res else 32, patch_size=8)
+    # a hybrid keeps its patch size (1x1 patches of the ResNet map, whose stride divides 32); others use 8 px
+    model.update(TINY, img_size=48 if big_res else 32, patch_size=model.get("patch_size", 1) if model.get(
+        "hybrid_layers") else 8)
     if model.get("representation_size"):
         model["representation_size"] = TINY["embed_dim"]
     data = {k: v for k, v in (d.get("data") or {}).items() if k not in _LOCATION_KEYS}
@@ -180,12 +182,16 @@ def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path, fmnist_root):
     ckpt = tmp_path / "pre.safetensors"
     vitlab.save_weights(pre, ckpt)
     sets = [f"init.checkpoint={ckpt}", f"data.root={fmnist_root}", *(f"model.{k}={v}" for k, v in TINY.items())]
-    r = load_recipe(ROOT / "configs/fmnist_finetune.yaml", sets)
     from vitlab.train import build_model
 
+    # The shipped demo fine-tune keeps the pre-trained head (same 10 classes) ...
+    kept = build_model(load_recipe(ROOT / "configs/fmnist_finetune.yaml", sets), num_classes=10)
+    torch.testing.assert_close(kept.head.weight, pre.head.weight)
+    # ... and the paper's recipe (a new label set) drops it for a zero-initialised one (Sec. 3.2).
+    r = load_recipe(ROOT / "configs/fmnist_finetune.yaml", [*sets, "init.drop_head=true"])
     model = build_model(r, num_classes=10)
     assert model.cfg.img_size != 28
-    assert torch.count_nonzero(model.head.weight) == 0  # Sec. 3.2: zero-initialised head
+    assert torch.count_nonzero(model.head.weight) == 0
     from vitlab.posembed import resample_pos_embed
 
     expected = resample_pos_embed(pre.pos_embed.detach(), model.cfg.grid_size, pre.cfg.grid_size, 1,

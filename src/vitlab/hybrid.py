@@ -50,7 +50,10 @@ class StdConv2d(nn.Conv2d):
         mean = w.mean(dim=(1, 2, 3), keepdim=True)
         var = w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
         w = (w - mean) / torch.sqrt(var + self.eps)
-        return F.conv2d(_same_pad(x, self.kernel_size[0], self.stride[0]), w, None, self.stride)
+        k, s = self.kernel_size[0], self.stride[0]
+        if s == 1:  # SAME at stride 1 is symmetric for odd k: let the convolution pad, no padded copy
+            return F.conv2d(x, w, None, 1, (k - 1) // 2)
+        return F.conv2d(_same_pad(x, k, s), w, None, s)
 
 
 class GroupNormAct(nn.GroupNorm):
@@ -136,6 +139,9 @@ class ResNetBackbone(nn.Module):
         self.stages = nn.Sequential(*stages)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NHWC activations suit oneDNN / cuDNN convolutions; the weights stay NCHW-contiguous, so state dicts
+        # save unchanged. Same math.
+        x = x.contiguous(memory_format=torch.channels_last)
         return self.stages(self.stem(x))
 
 

@@ -45,6 +45,7 @@ class OptimizedModel(nn.Module):
         self.mode = mode
         self.dtype = dtype
         self._run = compiled if compiled is not None else module
+        super().train(False)  # born in eval mode: callers that save and restore `.training` never ask for train
 
     @torch.inference_mode()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
