@@ -1,5 +1,7 @@
 """Training throughput on the Fashion-MNIST recipe: vitlab's trainer against a plain timm ViT of the same shape in
-a standard PyTorch loop (torchvision FashionMNIST + per-image transforms + DataLoader, fp32, AdamW).
+a standard PyTorch loop (torchvision FashionMNIST + per-image transforms + DataLoader, fp32, AdamW). For a hybrid
+recipe (the default, configs/fmnist_hybrid.yaml) timm's side is its ResNetV2 + HybridEmbed; "same shape" is
+checked by loading timm's state dict into vitlab's model with strict=True.
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
 src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved (A, B, A, B, ...)
@@ -70,9 +72,38 @@ def torchvision_root() -> str:
     return str(root)
 
 
+def timm_model(cfg) -> torch.nn.Module:
+    """timm's VisionTransformer of the same shape; for a hybrid, timm's BiT ResNetV2 + HybridEmbed (R50+ViT style)."""
+    import timm.models.vision_transformer as tvit
+
+    extra = {}
+    if cfg.hybrid_layers is not None:
+        from functools import partial
+
+        from timm.layers import StdConv2dSame
+        from timm.models.resnetv2 import ResNetV2
+        from timm.models.vision_transformer_hybrid import HybridEmbed
+
+        layers = tuple(cfg.hybrid_layers)
+        backbone = ResNetV2(layers=layers, channels=tuple(4 * cfg.hybrid_width * 2 ** i for i in range(len(layers))),
+                            stem_chs=cfg.hybrid_width, num_classes=0, global_pool="", in_chans=cfg.in_chans,
+                            preact=False, stem_type="same", conv_layer=partial(StdConv2dSame, eps=1e-8))
+        extra["embed_layer"] = partial(HybridEmbed, backbone=backbone)
+    model = tvit.VisionTransformer(
+        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=10,
+        embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
+        global_pool="avg" if cfg.pool == "gap" else "token", class_token=cfg.class_token,
+        fc_norm=False,  # LayerNorm on every token, then the pooling: vitlab's (and big_vision's) order
+        pos_embed="learn" if cfg.pos_embed == "learned" else "none", **extra)
+    # same shape means same parameter names and shapes: vitlab's model takes timm's weights as they are
+    from vitlab.model import VisionTransformer
+
+    VisionTransformer(cfg).load_state_dict(model.state_dict(), strict=True)
+    return model
+
+
 def timm_side(recipe, steps_per_round: int, num_workers: int, root: str):
     """The standard loop: timm VisionTransformer, torchvision dataset + v2 transforms, DataLoader, fp32 AdamW."""
-    import timm.models.vision_transformer as tvit
     import torchvision
     import torchvision.transforms.v2 as T
 
@@ -89,11 +120,7 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str):
     ds = torchvision.datasets.FashionMNIST(root, train=True, transform=tf)
     loader = torch.utils.data.DataLoader(ds, batch_size=recipe.train.batch_size, shuffle=True, drop_last=True,
                                          num_workers=num_workers, persistent_workers=num_workers > 0)
-    model = tvit.VisionTransformer(
-        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=10,
-        embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
-        global_pool="avg" if cfg.pool == "gap" else "token", class_token=cfg.class_token,
-        pos_embed="learn" if cfg.pos_embed == "learned" else "none")
+    model = timm_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay)
     it = iter(loader)
 
@@ -131,7 +158,7 @@ def _baseline_process(conn, config: str, overrides: list[str], steps: int, worke
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_scratch.yaml"))
+    p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_hybrid.yaml"))
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps per round")

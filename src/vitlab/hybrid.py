@@ -139,9 +139,6 @@ class ResNetBackbone(nn.Module):
         self.stages = nn.Sequential(*stages)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NHWC activations suit oneDNN / cuDNN convolutions; the weights stay NCHW-contiguous, so state dicts
-        # save unchanged. Same math.
-        x = x.contiguous(memory_format=torch.channels_last)
         return self.stages(self.stem(x))
 
 
