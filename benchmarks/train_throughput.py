@@ -209,7 +209,9 @@ def main() -> None:
     cfg = recipe.model.vit_config(num_classes=10)
     lines = [
         f"Training throughput, {Path(args.config).name}: ViT D={cfg.embed_dim} L={cfg.depth} heads={cfg.num_heads} "
-        f"MLP={cfg.mlp_dim}, {cfg.img_size}px / patch {cfg.patch_size} ({cfg.seq_len} tokens), batch "
+        f"MLP={cfg.mlp_dim}, {cfg.img_size}px / patch {cfg.patch_size} ({cfg.seq_len} tokens)"
+        + (f" of a hybrid ResNet (stages {list(cfg.hybrid_layers)}, width {cfg.hybrid_width})"
+           if cfg.hybrid_layers is not None else "") + ", batch "
         f"{recipe.train.batch_size}, {args.threads} threads, {args.rounds} interleaved rounds x {args.steps} steps, "
         f"load average at the end {os.getloadavg()[0]:.1f}",
         "",
