@@ -138,8 +138,8 @@ def _tiny(path: str, tmp_path: Path, fmnist_root: str) -> Recipe:
     big_res = model.get("img_size", 224) > 224
     in_chans = model.get("in_chans", 3)
     # a hybrid keeps its patch size (1x1 patches of the ResNet map, whose stride divides 32); others use 8 px
-    model.update(TINY, img_size=48 if big_res else 32, patch_size=model.get("patch_size", 1) if model.get(
-        "hybrid_layers") else 8)
+    hybrid = model.get("hybrid_layers") is not None
+    model.update(TINY, img_size=48 if big_res else 32, patch_size=model.get("patch_size", 1) if hybrid else 8)
     if model.get("representation_size"):
         model["representation_size"] = TINY["embed_dim"]
     data = {k: v for k, v in (d.get("data") or {}).items() if k not in _LOCATION_KEYS}

@@ -51,7 +51,7 @@ class StdConv2d(nn.Conv2d):
         var = w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
         w = (w - mean) / torch.sqrt(var + self.eps)
         k, s = self.kernel_size[0], self.stride[0]
-        if s == 1:  # SAME at stride 1 is symmetric for odd k: let the convolution pad, no padded copy
+        if s == 1 and k % 2:  # SAME at stride 1 is symmetric for odd k: the convolution pads, no padded copy
             return F.conv2d(x, w, None, 1, (k - 1) // 2)
         return F.conv2d(_same_pad(x, k, s), w, None, s)
 
