@@ -172,6 +172,10 @@ class ArrayTrainStream(TrainStream):
         self.randaug = BatchRandAugment(*parse_randaugment(cfg.randaugment)) if cfg.randaugment else None
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
 
+    def set_output_size(self, hw: tuple[int, int]) -> None:
+        """Resample the next batches to hw (progressive resizing); the crops and flips drawn stay the same."""
+        self.out_hw = as_hw(tuple(hw))
+
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._perm_epoch:
             self._perm, self._perm_epoch = epoch_permutation(self.seed, epoch, len(self.images)), epoch

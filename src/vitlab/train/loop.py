@@ -26,6 +26,7 @@ from torch import nn
 
 from ..allocator import keep_freed_memory
 from ..config import ViTConfig
+from ..data.stream import as_hw
 from ..model import VisionTransformer
 from . import checkpoint as ckpt
 from .distributed import (
@@ -40,7 +41,7 @@ from .distributed import (
 )
 from .mixup import BatchMix
 from .optim import build_optimizer
-from .recipe import Recipe, data_config_from_dict
+from .recipe import Recipe, data_config_from_dict, size_at
 from .schedule import lr_at
 
 # Keys of a run's recipe that may change between an interrupted run and its --resume.
@@ -413,6 +414,10 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
 
     # Model, optimizer, EMA. Every rank builds the same init (same seed); DDP also broadcasts rank 0's.
     model = build_model(recipe, num_classes=num_classes).to(info.device)
+    for size, _ in tr.resize_schedule or []:
+        if size % model.patch_embed.pixel_patch:
+            raise ValueError(f"train.resize_schedule: size {size} is not a multiple of the model's "
+                             f"{model.patch_embed.pixel_patch} pixels per token")
     if tr.grad_checkpointing:
         model.set_grad_checkpointing(True)
     state = RunState()
@@ -530,6 +535,13 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
         barrier(info)
         return result
 
+    # Progressive resizing: the size each step's images come in at, from the schedule's progress.
+    full_hw = as_hw(vit_cfg.img_size)
+
+    def train_hw(progress_step: int) -> tuple[int, int]:
+        size = size_at(tr.resize_schedule, progress_step / total_steps, 0)
+        return (size, size) if size else full_hw
+
     status = "completed"
     final_eval: dict[str, Any] = {}
     it = iter(stream)
@@ -552,7 +564,12 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                         status = f"completed (time budget {tr.time_budget_min:g} min)"
                         break
                 lr = lr_at(progress_step, total_steps, recipe.optim.lr, recipe.schedule)
+                hw = train_hw(progress_step)
+                if hasattr(stream, "set_output_size"):
+                    stream.set_output_size(hw)  # the batch augmentation resamples straight to hw
                 batches = [next(it) for _ in range(tr.accum_steps)]
+                if not hasattr(stream, "set_output_size"):
+                    batches = [(resize_batch(x, hw), y) for x, y in batches]
                 result = train_step(net, optimizer, batches, lr=lr, device=info.device, precision=tr.precision,
                                     clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=tr.label_smoothing,
                                     mix=mix, accum_steps=tr.accum_steps, info=info, on_loss=on_loss)
@@ -580,8 +597,8 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                     ips = imgs_since / max(now - t_last, 1e-9)
                     t_last, imgs_since = now, 0
                     log({"step": state.step, "split": "train", "loss": result.loss, "lr": lr,
-                         "grad_norm": result.grad_norm, "images_per_s": ips, "skipped_steps": state.skipped_steps,
-                         "train_time_s": state.train_time_s})
+                         "grad_norm": result.grad_norm, "images_per_s": ips, "img_size": hw[0],
+                         "skipped_steps": state.skipped_steps, "train_time_s": state.train_time_s})
                     if pbar is not None:
                         pbar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{lr:.2e}", img_s=f"{ips:.0f}", refresh=False)
                 if pbar is not None:
@@ -622,6 +639,13 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
 
         summary["report"] = str(write_report(run_dir, summary, recipe))
     return summary
+
+
+def resize_batch(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    """Images (B, C, H, W) resized to hw (bilinear, antialiased when shrinking); unchanged if already hw."""
+    if tuple(x.shape[-2:]) == tuple(hw):
+        return x
+    return F.interpolate(x, size=hw, mode="bilinear", align_corners=False, antialias=True)
 
 
 def _gather(obj: Any, info: DistInfo) -> list[Any]:

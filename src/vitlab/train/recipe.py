@@ -179,6 +179,12 @@ class TrainSection:
         time_budget_min: Stop after this many minutes of training (evaluation and checkpoints not counted), with
             the schedule run on elapsed time: the lr follows max(step / total, time / budget), so the run anneals
             fully whatever the machine's speed. steps / epochs stay the upper bound. Not bitwise-resumable.
+        resize_schedule: Progressive resizing, `[[size, until], ...]`: training images are fed at `size` x `size`
+            pixels while the schedule's progress (the fraction the lr schedule uses) is below `until`, and at the
+            model's img_size after the last entry. Evaluation is always at the model's img_size. The position
+            embeddings are resampled on the grid for each smaller input (the paper's resolution change, Sec. 3.2,
+            inside one run); low-resolution steps are several times cheaper. Sizes must be multiples of the
+            pixels per token; `until` strictly increasing in (0, 1). null: off.
     """
 
     batch_size: int = 128
@@ -204,6 +210,7 @@ class TrainSection:
     eval_batch_size: int | None = None
     eval_max_samples: int | None = None
     time_budget_min: float | None = None
+    resize_schedule: list[list[float]] | None = None
 
     def validate(self) -> None:
         _number("train", "batch_size", self.batch_size, lo=1, integer=True)
@@ -235,6 +242,36 @@ class TrainSection:
         _number("train", "eval_batch_size", self.eval_batch_size, lo=1, integer=True, allow_none=True)
         _number("train", "eval_max_samples", self.eval_max_samples, lo=1, integer=True, allow_none=True)
         _number("train", "time_budget_min", self.time_budget_min, lo=0, lo_open=True, allow_none=True)
+        if self.resize_schedule is not None:
+            self.resize_schedule = check_resize_schedule(self.resize_schedule)
+
+
+def check_resize_schedule(schedule: Any) -> list[list[float]]:
+    """`train.resize_schedule` as [[size (int), until (float)], ...], or a ValueError naming the bad entry."""
+    if not isinstance(schedule, list | tuple) or not schedule:
+        raise ValueError(f"train.resize_schedule must be a non-empty list of [size, until] pairs, got {schedule!r}")
+    out: list[list[float]] = []
+    last = 0.0
+    for i, entry in enumerate(schedule):
+        if not isinstance(entry, list | tuple) or len(entry) != 2:
+            raise ValueError(f"train.resize_schedule[{i}] must be a [size, until] pair, got {entry!r}")
+        size, until = entry
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"train.resize_schedule[{i}]: size must be a positive int (pixels), got {size!r}")
+        if isinstance(until, bool) or not isinstance(until, int | float) or not last < until < 1:
+            raise ValueError(f"train.resize_schedule[{i}]: until must be in ({last:g}, 1) (a fraction of the "
+                             f"schedule, strictly increasing), got {until!r}")
+        out.append([size, float(until)])
+        last = float(until)
+    return out
+
+
+def size_at(schedule: list[list[float]] | None, progress: float, default: int) -> int:
+    """The training image size at schedule progress `progress` in [0, 1]."""
+    for size, until in schedule or []:
+        if progress < until:
+            return int(size)
+    return default
 
 
 @dataclass
