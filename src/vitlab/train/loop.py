@@ -537,6 +537,7 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
 
     # Progressive resizing: the size each step's images come in at, from the schedule's progress.
     full_hw = as_hw(vit_cfg.img_size)
+    stream_resizes = hasattr(stream, "set_output_size")  # in-memory data crops straight to the size
 
     def train_hw(progress_step: int) -> tuple[int, int]:
         size = size_at(tr.resize_schedule, progress_step / total_steps, 0)
@@ -565,10 +566,10 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                         break
                 lr = lr_at(progress_step, total_steps, recipe.optim.lr, recipe.schedule)
                 hw = train_hw(progress_step)
-                if hasattr(stream, "set_output_size"):
-                    stream.set_output_size(hw)  # the batch augmentation resamples straight to hw
+                if stream_resizes:
+                    stream.set_output_size(hw)
                 batches = [next(it) for _ in range(tr.accum_steps)]
-                if not hasattr(stream, "set_output_size"):
+                if not stream_resizes:
                     batches = [(resize_batch(x, hw), y) for x, y in batches]
                 result = train_step(net, optimizer, batches, lr=lr, device=info.device, precision=tr.precision,
                                     clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=tr.label_smoothing,
