@@ -84,6 +84,18 @@ def test_eval_cli_numbers_are_consistent(trained, fmnist_root, capsys):
     assert "confusion matrix" in text and f"top-1 {100 * r['top1']:.2f}%" in text
 
 
+def test_eval_cli_hflip_tta(trained, fmnist_root, capsys):
+    """--tta hflip evaluates every image and its mirror image; it is reported as such, and bad values are refused."""
+    ckpt, data = str(trained / "model.safetensors"), f"fashion_mnist:{fmnist_root}"
+    capsys.readouterr()
+    assert main(["eval", ckpt, "--data", data, "--json", "--tta", "hflip"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["tta"] == "hflip" and np.array(r["confusion"]).sum() == r["num_samples"] == 10000
+    assert "test-time augmentation: hflip" in format_result(r)
+    with pytest.raises(SystemExit):
+        main(["eval", ckpt, "--data", data, "--tta", "rotate"])
+
+
 def test_predict_cli_names_labels(trained, fmnist_root, tmp_path, capsys):
     images, _ = _idx_test_images(fmnist_root, 2)
     paths = []

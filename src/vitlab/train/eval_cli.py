@@ -1,4 +1,4 @@
-"""`vitlab eval CHECKPOINT --data SPEC [--split test] [--json]`: top-1, top-5, per-class accuracy and the
+"""`vitlab eval CHECKPOINT --data SPEC [--split test] [--tta hflip] [--json]`: top-1, top-5, per-class accuracy and the
 confusion matrix of a checkpoint on a dataset."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..optimize import MODES, optimize
-from .loop import evaluate
+from .loop import TTA_MODES, evaluate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,18 +24,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="inference speed mode from vitlab.optimize instead of plain eager (docs/speed.md); "
                         "with any mode but fp32, --precision is ignored")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    p.add_argument("--tta", choices=TTA_MODES, default="none",
+                   help="test-time augmentation: hflip averages the probabilities of each image and its mirror "
+                        "image (2x the compute); reported beside, never instead of, the single-view number")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batch_size: int = 256,
-                        precision: str = "fp32", device: str | None = None, mode: str = "fp32") -> dict[str, Any]:
+                        precision: str = "fp32", device: str | None = None, mode: str = "fp32",
+                        tta: str = "none") -> dict[str, Any]:
     """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string), optionally through a
-    `vitlab.optimize` speed mode (the top-1 then measures that mode's accuracy)."""
+    `vitlab.optimize` speed mode (the top-1 then measures that mode's accuracy) and with test-time augmentation
+    (`tta="hflip"`, see `evaluate`)."""
     from ..data import build_eval_data, parse_data_spec
     from ..weights import load_model, read_metadata
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if tta not in TTA_MODES:
+        raise ValueError(f"unknown test-time augmentation {tta!r}; choose one of {', '.join(TTA_MODES)}")
     model = load_model(checkpoint)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
@@ -56,13 +63,15 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
     net = model
     if mode != "fp32":
         net, precision = optimize(model, mode), "fp32"  # the mode sets its own dtype; no autocast around it
-    result = evaluate(net, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes))
-    result.update({"checkpoint": checkpoint, "data": data, "split": split, "mode": mode})
+    result = evaluate(net, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes),
+                      tta=tta)
+    result.update({"checkpoint": checkpoint, "data": data, "split": split, "mode": mode, "tta": tta})
     return result
 
 
 def format_result(r: dict[str, Any]) -> str:
-    lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images)",
+    tta = "" if r.get("tta", "none") == "none" else f", test-time augmentation: {r['tta']}"
+    lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images{tta})",
              f"top-1 {100 * r['top1']:.2f}%   top-5 {100 * r['top5']:.2f}%   loss {r['loss']:.4f}", "",
              "per-class accuracy:"]
     width = max(len(c) for c in r["classes"])
@@ -76,7 +85,7 @@ def format_result(r: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
-                                precision=args.precision, device=args.device, mode=args.mode)
+                                precision=args.precision, device=args.device, mode=args.mode, tta=args.tta)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

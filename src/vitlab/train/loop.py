@@ -169,6 +169,9 @@ def train_step(
     return StepResult(loss_value, grad_norm, applied)
 
 
+TTA_MODES = ("none", "hflip")
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -179,9 +182,18 @@ def evaluate(
     precision: str = "bf16",
     class_names: list[str] | None = None,
     max_samples: int | None = None,
+    tta: str = "none",
 ) -> dict[str, Any]:
     """Top-1, top-5, mean loss, per-class accuracy and the confusion matrix (rows: true class, cols: predicted),
-    over all of `data` or its first `max_samples` samples."""
+    over all of `data` or its first `max_samples` samples.
+
+    Args:
+        tta: "none", or "hflip": test-time augmentation that averages the class probabilities of each image and
+            its mirror image (twice the compute; meaningful for models trained with horizontal flips). The loss is
+            then the cross-entropy of the averaged probabilities.
+    """
+    if tta not in TTA_MODES:
+        raise ValueError(f"unknown test-time augmentation {tta!r}; choose one of {', '.join(TTA_MODES)}")
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -198,6 +210,9 @@ def evaluate(
         x, y = x.to(device), y.to(device)
         with autocast(device, precision):
             logits = model(x).float()  # (B, classes)
+            if tta == "hflip":  # log of the mean of the two views' probabilities
+                flipped = model(x.flip(-1)).float()
+                logits = torch.logsumexp(torch.stack([logits.log_softmax(1), flipped.log_softmax(1)]), 0) - math.log(2)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         pred = logits.argmax(1)
         top5 += (logits.topk(k, dim=1).indices == y[:, None]).any(1).sum().item()
