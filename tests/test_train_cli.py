@@ -157,3 +157,18 @@ def test_demo_runs_end_to_end_tiny(tmp_path, fmnist_root, capsys):
     assert ft.cfg.img_size == 40 and ft.cfg.grid_size == (10, 10)  # fine-tuned at the higher resolution
     assert "fine-tune, 40 px" in (out / "report.md").read_text()
     assert main(["demo", "-o", str(out), "--data-root", fmnist_root]) == 2  # never overwrites a demo
+
+
+def test_cli_output_into_a_closed_pipe_stops_quietly():
+    """`vitlab ... | head` where the reader has gone: exit status 141 (SIGPIPE's), no traceback on stderr."""
+    import subprocess
+    import sys
+
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write
+    try:
+        proc = subprocess.run([sys.executable, "-m", "vitlab.cli", "models"], stdout=w, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141 and "Traceback" not in proc.stderr, proc.stderr
