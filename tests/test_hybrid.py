@@ -4,6 +4,7 @@ counts, FLOPs against PyTorch's own FLOP counter, and the errors a wrong configu
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -117,3 +118,23 @@ def test_vit_jax_npz_of_a_hybrid_is_read_by_timms_reader_and_ours(tmp_path, name
     back = vitlab.load_model(path).eval()
     assert back.cfg.hybrid_layers == layers
     torch.testing.assert_close(back(x), ours(x), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("hw", [(14, 14), (9, 5), (28, 29)])
+def test_fast_paths_equal_the_plain_same_convolution_and_pool(hw):
+    """The subsample-then-1x1 projection and the channels-last pool equal plain "SAME" ops, values and gradients."""
+    from vitlab.hybrid import MaxPoolSame, StdConv2d, _same_pad
+
+    conv = StdConv2d(8, 16, 1, stride=2)
+    x = torch.randn(2, 8, *hw, requires_grad=True)
+    w = conv.weight
+    ref_w = (w - w.mean((1, 2, 3), keepdim=True)) / torch.sqrt(w.var((1, 2, 3), keepdim=True, unbiased=False)
+                                                               + conv.eps)
+    for ours, ref in [(conv(x), F.conv2d(x, ref_w, None, 2)),
+                      (MaxPoolSame()(x), F.max_pool2d(_same_pad(x, 3, 2, float("-inf")), 3, 2))]:
+        assert ours.shape[-2:] == tuple(-(-s // 2) for s in hw)  # "SAME": ceil(in / stride)
+        g = torch.randn_like(ref)
+        grad_ours = torch.autograd.grad(ours, x, g)[0]
+        grad_ref = torch.autograd.grad(ref, x, g)[0]
+        torch.testing.assert_close(ours, ref)
+        torch.testing.assert_close(grad_ours, grad_ref)
