@@ -10,6 +10,8 @@ from typing import Any
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset")
 NORMALIZE = ("inception", "imagenet")
 EVAL_RESIZE = ("resize", "center_crop")
+ERASING_VALUES = ("random", "zero")
+PAIRS = ("crop_scale", "crop_ratio", "erasing_scale", "erasing_ratio")  # (min, max) fields, lists in YAML
 
 FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 
@@ -39,6 +41,11 @@ class DataConfig:
         crop_ratio: Aspect-ratio range of the inception crop.
         hflip: Random horizontal flips for training.
         randaugment: "N-M" (number of ops - magnitude on big_vision's 0-10 scale), e.g. "2-10"; None = off.
+        random_erasing: Probability of random erasing (Zhong et al.) per training image, after normalisation;
+            0 = off. One rectangle of area fraction in `erasing_scale` and aspect ratio in `erasing_ratio`.
+        erasing_scale: Area fraction range of the erased rectangle.
+        erasing_ratio: Aspect-ratio range of the erased rectangle.
+        erasing_value: "random" (per-pixel standard normal noise) or "zero" (the normalisation's mean).
         eval_resize: "resize" squashes the whole image to img_size (the paper's fine-tuning eval);
             "center_crop" resizes the shorter side to img_size / eval_crop_fraction and crops the centre.
         eval_crop_fraction: Crop fraction for eval_resize="center_crop" (0.875 is the ImageNet habit).
@@ -68,6 +75,10 @@ class DataConfig:
     crop_ratio: tuple[float, float] = (3 / 4, 4 / 3)
     hflip: bool = True
     randaugment: str | None = None
+    random_erasing: float = 0.0
+    erasing_scale: tuple[float, float] = (0.02, 0.33)
+    erasing_ratio: tuple[float, float] = (0.3, 3.3)
+    erasing_value: str = "random"
     eval_resize: str = "resize"
     eval_crop_fraction: float = 0.875
     strict: bool = False
@@ -80,7 +91,7 @@ class DataConfig:
     class_names: list[str] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("crop_scale", "crop_ratio"):
+        for name in PAIRS:
             value = getattr(self, name)
             if isinstance(value, list):
                 setattr(self, name, tuple(value))
@@ -108,6 +119,17 @@ class DataConfig:
             raise ValueError(f"data.crop_ratio must satisfy 0 < min <= max, got {self.crop_ratio!r}")
         if self.randaugment is not None:
             parse_randaugment(self.randaugment)
+        if isinstance(self.random_erasing, bool) or not isinstance(self.random_erasing, int | float) \
+                or not 0.0 <= self.random_erasing <= 1.0:
+            raise ValueError(f"data.random_erasing must be a probability in [0, 1], got {self.random_erasing!r}")
+        lo, hi = _pair("erasing_scale", self.erasing_scale)
+        if not 0.0 < lo <= hi < 1.0:
+            raise ValueError(f"data.erasing_scale must satisfy 0 < min <= max < 1, got {self.erasing_scale!r}")
+        lo, hi = _pair("erasing_ratio", self.erasing_ratio)
+        if not 0.0 < lo <= hi:
+            raise ValueError(f"data.erasing_ratio must satisfy 0 < min <= max, got {self.erasing_ratio!r}")
+        if self.erasing_value not in ERASING_VALUES:
+            raise ValueError(f"data.erasing_value must be one of {ERASING_VALUES}, got {self.erasing_value!r}")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
             raise ValueError(f"data.num_workers must be an int >= 0, got {self.num_workers!r}")
         if not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 1:
@@ -119,7 +141,7 @@ class DataConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for name in ("crop_scale", "crop_ratio"):
+        for name in PAIRS:
             d[name] = list(d[name])
         return d
 

@@ -127,6 +127,9 @@ def train_transform(cfg: DataConfig, img_size, in_chans: int) -> T.Compose:
         ops.append(ra)
     mean, std = norm_stats(cfg.normalize, in_chans)
     ops += [T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)]
+    if cfg.random_erasing > 0:
+        ops.append(T.RandomErasing(cfg.random_erasing, scale=cfg.erasing_scale, ratio=cfg.erasing_ratio,
+                                   value="random" if cfg.erasing_value == "random" else 0.0))
     return T.Compose(ops)
 
 

@@ -18,6 +18,7 @@ import torchvision.transforms.v2 as T
 
 from .arrays import ArrayDataset
 from .batch_augment import derive_seed, full_boxes, normalize_255, resized_crop_batch, sample_crop_boxes
+from .batch_erasing import erase_batch, sample_erase_boxes
 from .batch_randaugment import BatchRandAugment
 from .config import DataConfig, parse_randaugment
 from .position import Position, check_state, epoch_permutation
@@ -198,12 +199,15 @@ class ArrayTrainStream(TrainStream):
         if self.randaug is not None:  # RandAugment works on uint8 pixels: crop first, normalise last
             x = resized_crop_batch(x, boxes, self.out_hw, flip).round_().clamp_(0, 255).to(torch.uint8)
             ops, negative = self.randaug.draw(rng, G)  # per sample, for the global batch
-            x = self.randaug(x, ops[:, r * B : (r + 1) * B], negative[:, r * B : (r + 1) * B])
-            return self._normalize(x), self.labels[idx]
-        # normalise the (smaller) input, then resample: bilinear weights sum to one, so the two commute
-        x = self._normalize(x)
-        if resample:
-            x = resized_crop_batch(x, boxes, self.out_hw, flip)  # (B, C, h, w)
+            x = self._normalize(self.randaug(x, ops[:, r * B : (r + 1) * B], negative[:, r * B : (r + 1) * B]))
+        else:
+            # normalise the (smaller) input, then resample: bilinear weights sum to one, so the two commute
+            x = self._normalize(x)
+            if resample:
+                x = resized_crop_batch(x, boxes, self.out_hw, flip)  # (B, C, h, w)
+        if cfg.random_erasing > 0:  # on the normalised output, drawn last so other draws keep their values
+            erase = sample_erase_boxes(rng, G, *self.out_hw, cfg.random_erasing, cfg.erasing_scale, cfg.erasing_ratio)
+            x = erase_batch(x, erase[r * B : (r + 1) * B], cfg.erasing_value, (self.seed, epoch, step), r * B)
         return x, self.labels[idx]
 
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
