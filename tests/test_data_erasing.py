@@ -134,8 +134,13 @@ def test_stream_rank_slices_and_resume(fmnist_root):
 def test_config_errors_name_the_field(key, value, match):
     with pytest.raises(ValueError, match=match):
         DataConfig(**{key: value})
+
+
+def test_config_round_trip_through_yaml_lists():
     cfg = DataConfig(random_erasing=0.25, erasing_scale=(0.05, 0.2))
-    assert DataConfig.from_dict(cfg.to_dict()) == cfg
+    d = cfg.to_dict()
+    assert d["erasing_scale"] == [0.05, 0.2] and d["erasing_ratio"] == [0.3, 3.3]
+    assert DataConfig.from_dict(d) == cfg and DataConfig.from_dict(d).erasing_scale == (0.05, 0.2)
 
 
 def test_file_pipeline_uses_torchvision_random_erasing():
