@@ -23,6 +23,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")  # noqa: RUF009 (an immutable default)
+    owns_group: bool = False  # this call started the process group, so it is the one to end it
 
     @property
     def is_main(self) -> bool:
@@ -53,11 +54,20 @@ def setup_distributed(device: str | None = None) -> DistInfo:
             if var not in os.environ:
                 raise RuntimeError(f"WORLD_SIZE={world_size} but {var} is not set: launch with torchrun")
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+        return DistInfo(rank, world_size, local_rank, dev, owns_group=True)
     return DistInfo(rank, world_size, local_rank, dev)
 
 
-def teardown_distributed() -> None:
-    if dist.is_initialized():
+def teardown_distributed(info: DistInfo) -> None:
+    """End the process group `setup_distributed` started, after every process has reached this point.
+
+    The barrier makes sure no process closes its connections while a peer's last collective (FSDP's final
+    gather) is still in flight, and destroying the group before the interpreter exits stops gloo's worker threads
+    cleanly; without both, a process can die with "terminate called without an active exception" (SIGABRT).
+    A group the caller started is left to the caller.
+    """
+    if info.owns_group and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

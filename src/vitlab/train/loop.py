@@ -36,6 +36,7 @@ from .distributed import (
     barrier,
     full_state_dict,
     setup_distributed,
+    teardown_distributed,
     unwrap,
     wrap_model,
 )
@@ -396,10 +397,12 @@ def train(
     if tr.deterministic:
         torch.use_deterministic_algorithms(True)
     try:
-        return _train(recipe, run_dir, info, resume=resume, progress=progress, on_step=on_step, on_loss=on_loss,
-                      stream=stream, eval_data=eval_data)
+        summary = _train(recipe, run_dir, info, resume=resume, progress=progress, on_step=on_step, on_loss=on_loss,
+                         stream=stream, eval_data=eval_data)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
+    teardown_distributed(info)  # after a clean finish only: a failed peer would never reach the barrier
+    return summary
 
 
 def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progress: bool,
