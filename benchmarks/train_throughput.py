@@ -159,7 +159,7 @@ def _baseline_process(conn, config: str, overrides: list[str], steps: int, worke
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_hybrid.yaml"))
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps per round")
     p.add_argument("--threads", type=int, default=2)

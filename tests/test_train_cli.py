@@ -61,6 +61,20 @@ def test_train_cli_bad_override_is_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+def test_set_takes_several_overrides_and_repeats():
+    """`--set a=1 b=2 --set c=3` gives all three, in order (the docs write several after one --set)."""
+    import argparse
+
+    from vitlab.train.cli import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["c.yaml", "--set", "train.steps=3", "optim.lr=1e-3", "--set", "model.depth=1"])
+    assert args.config == "c.yaml"
+    assert args.overrides == ["train.steps=3", "optim.lr=1e-3", "model.depth=1"]
+    assert p.parse_args(["c.yaml"]).overrides == []
+
+
 def _idx_test_images(root: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The first n test images and labels, read straight from the IDX bytes (independent of vitlab.data)."""
     with gzip.open(f"{root}/t10k-images-idx3-ubyte.gz") as f:

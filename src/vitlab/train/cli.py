@@ -18,8 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="recipe YAML (see configs/)")
     p.add_argument("-o", "--output", "--run-dir", dest="run_dir", default=None,
                    help="run directory (default: runs/<config name>)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a recipe value, e.g. --set train.steps=100 --set model.img_size=56 (repeatable)")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override recipe values, e.g. --set train.steps=100 model.depth=2 (one or more, repeatable)")
     p.add_argument("--resume", action="store_true", help="continue the run in RUN_DIR from its latest checkpoint")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (metrics still go to metrics.jsonl)")

@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=str(CONFIG_DIR), help="folder holding fmnist_pretrain/finetune.yaml")
     p.add_argument("--data-root", default=None, help="Fashion-MNIST IDX folder (default: Debian's location)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override both recipes, e.g. --set train.steps=20 for a quick look")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override both recipes, e.g. --set train.steps=20 for a quick look (one or more; repeatable)")
     p.add_argument("--no-progress", action="store_true")
 
 
