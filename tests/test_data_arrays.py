@@ -17,8 +17,15 @@ from torchvision.datasets.mnist import read_sn3_pascalvincent_tensor
 
 from vitlab.data import DataConfig, build_eval_data, build_train_stream, parse_data_spec
 from vitlab.data.arrays import stratified_holdout
-from vitlab.data.batch_augment import full_boxes, normalize_255, resized_crop_batch, sample_crop_boxes
+from vitlab.data.batch_augment import (
+    center_crop_batch,
+    full_boxes,
+    normalize_255,
+    resized_crop_batch,
+    sample_crop_boxes,
+)
 from vitlab.data.idx import read_idx
+from vitlab.data.images import eval_transform
 
 # ---------------------------------------------------------------------------------------------- IDX format
 
@@ -151,6 +158,30 @@ def test_random_crops_equal_torchvision_resized_crop():
             ref = TF.resized_crop(x[i].float(), top, left, h, w, list(out), antialias=False)
             ref = torch.flip(ref, dims=[-1]) if flip[i] else ref
             torch.testing.assert_close(ours[i], ref, atol=2e-3, rtol=1e-5)
+
+
+def test_center_crop_eval_equals_torchvision_resize_then_center_crop(fmnist_root):
+    # the in-memory eval "center_crop" must be what file datasets get image by image (Resize + CenterCrop)
+    cfg = DataConfig(eval_resize="center_crop", eval_crop_fraction=0.875)
+    ev = build_eval_data(cfg, "test", img_size=56, in_chans=1, batch_size=64)
+    x, _ = next(iter(ev))  # (64, 1, 56, 56)
+    raw = torch.from_numpy(read_idx(os.path.join(fmnist_root, "t10k-images-idx3-ubyte.gz"))[:64, None])
+    tf = eval_transform(56, 1, normalize="inception", resize="center_crop", crop_fraction=0.875)
+    ref = torch.stack([tf(img) for img in raw])
+    grey_level = 1.01 / 127.5  # torchvision resizes uint8 to uint8; a geometry error would differ by far more
+    torch.testing.assert_close(x, ref, atol=grey_level, rtol=0)
+    # the crop is real: it differs from the plain resize of the whole image
+    plain, _ = next(iter(build_eval_data(DataConfig(), "test", img_size=56, in_chans=1, batch_size=64)))
+    assert (x - plain).abs().max() > 0.5
+    # any shapes and fractions (upsampling, where torchvision's antialiasing does nothing)
+    imgs = torch.randint(0, 256, (3, 3, 20, 26), dtype=torch.uint8)
+    for out, frac in (((40, 40), 0.9), ((32, 48), 0.8), ((26, 30), 1.0), ((50, 36), 0.95)):
+        tf = eval_transform(out, 3, normalize="inception", resize="center_crop", crop_fraction=frac)
+        ref = torch.stack([tf(img) for img in imgs])
+        ours = normalize_255(center_crop_batch(imgs, out, frac), "inception")
+        torch.testing.assert_close(ours, ref, atol=grey_level, rtol=0)
+    with pytest.raises(ValueError, match="crop_fraction"):
+        center_crop_batch(imgs, (20, 20), 0.0)
 
 
 def test_crop_boxes_follow_the_distribution():

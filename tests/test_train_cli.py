@@ -110,6 +110,34 @@ def test_eval_cli_hflip_tta(trained, fmnist_root, capsys):
         main(["eval", ckpt, "--data", data, "--tta", "rotate"])
 
 
+def test_eval_cli_center_crop_matches_torchvision_pipeline(trained, fmnist_root, capsys):
+    """--crop-fraction evaluates centre crops: the same predictions as torchvision's Resize + CenterCrop image by
+    image; a bad fraction is a clear error."""
+    import torch
+    import torchvision.transforms.v2 as T
+
+    from vitlab.weights import load_model
+
+    ckpt, data = str(trained / "model.safetensors"), f"fashion_mnist:{fmnist_root}"
+    capsys.readouterr()
+    assert main(["eval", ckpt, "--data", data, "--json", "--crop-fraction", "0.8"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["eval_resize"] == "center_crop" and r["crop_fraction"] == 0.8
+    assert "centre crop 0.8" in format_result(r)
+    model = load_model(ckpt).eval()
+    size = model.cfg.img_size
+    tf = T.Compose([T.Resize(round(size / 0.8)), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True),
+                    T.Normalize([0.5], [0.5])])
+    images, labels = _idx_test_images(fmnist_root, 10000)
+    x = torch.stack([tf(torch.from_numpy(img.copy())[None]) for img in images])  # (10000, 1, size, size)
+    with torch.no_grad():
+        pred = torch.cat([model(b).argmax(-1) for b in x.split(1000)]).numpy()
+    assert abs(r["top1"] - (pred == labels).mean()) <= 0.002  # torchvision rounds its resize to uint8
+    capsys.readouterr()
+    assert main(["eval", ckpt, "--data", data, "--crop-fraction", "1.5"]) == 2
+    assert "eval_crop_fraction" in capsys.readouterr().err
+
+
 def test_predict_cli_names_labels(trained, fmnist_root, tmp_path, capsys):
     images, _ = _idx_test_images(fmnist_root, 2)
     paths = []

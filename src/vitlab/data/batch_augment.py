@@ -122,6 +122,45 @@ def resized_crop_batch(
                          align_corners=False)
 
 
+def center_crop_batch(x: torch.Tensor, out_hw: tuple[int, int], crop_fraction: float) -> torch.Tensor:
+    """The eval "center_crop": resize the shorter side to min(out_hw) / crop_fraction, keep the centre out_hw.
+
+    The geometry of torchvision's `Resize(short)` + `CenterCrop(out_hw)` (what `images.eval_transform` does image
+    by image, integer sizes and offsets included) as one bilinear grid_sample over the batch. No antialiasing:
+    exact for upsampling, as Fashion-MNIST's 28 px to a larger model input is. Where the crop reaches past the
+    resized image (an output longer than the resized side) it is padded with zeros, as CenterCrop pads: pass
+    pixels on the 0-255 scale and normalise afterwards to get its black borders.
+
+    Args:
+        x: Images (B, C, H, W), any real dtype.
+        out_hw: Output (h, w).
+        crop_fraction: Fraction of the resized shorter side kept, in (0, 1].
+
+    Returns:
+        float32 (B, C, out_h, out_w) on the input's value scale.
+    """
+    if not 0.0 < crop_fraction <= 1.0:
+        raise ValueError(f"crop_fraction must be in (0, 1], got {crop_fraction!r}")
+    B, _, H, W = x.shape
+    oh, ow = out_hw
+    short = round(min(oh, ow) / crop_fraction)
+    rh, rw = (short, int(short * W / H)) if H <= W else (int(short * H / W), short)  # Resize(short)'s size
+    top, left = round((rh - oh) / 2), round((rw - ow) / 2)  # CenterCrop's offsets
+
+    def axis(out: int, offset: int, full: int, resized: int) -> tuple[torch.Tensor, torch.Tensor]:
+        i = np.arange(out, dtype=np.float64) + offset  # (out,) pixel index in the resized image
+        src = (i + 0.5) * (full / resized) - 0.5  # in image pixels; the resize clamps to the edge (border mode)
+        inside = torch.from_numpy((i >= 0) & (i < resized))  # False: CenterCrop's zero padding
+        return torch.from_numpy(((2 * src + 1) / full - 1).astype(np.float32)), inside
+
+    (gy, in_y), (gx, in_x) = axis(oh, top, H, rh), axis(ow, left, W, rw)
+    grid = torch.stack(torch.meshgrid(gx, gy, indexing="xy"), dim=-1).expand(B, oh, ow, 2)  # (B, oh, ow, (x, y))
+    out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
+    if not (in_y.all() and in_x.all()):
+        out = out * (in_y[:, None] & in_x[None, :])  # (B, C, oh, ow) * (oh, ow)
+    return out
+
+
 def full_boxes(n: int, height: int, width: int) -> torch.Tensor:
     """Boxes (n, 4) covering the whole image: the eval-time 'resize' of the same pipeline."""
     return torch.tensor([0, 0, height, width], dtype=torch.long).repeat(n, 1)

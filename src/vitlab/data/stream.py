@@ -17,7 +17,14 @@ import torch
 import torchvision.transforms.v2 as T
 
 from .arrays import ArrayDataset
-from .batch_augment import derive_seed, full_boxes, normalize_255, resized_crop_batch, sample_crop_boxes
+from .batch_augment import (
+    center_crop_batch,
+    derive_seed,
+    full_boxes,
+    normalize_255,
+    resized_crop_batch,
+    sample_crop_boxes,
+)
 from .batch_erasing import erase_batch, sample_erase_boxes
 from .batch_randaugment import BatchRandAugment
 from .config import DataConfig, parse_randaugment
@@ -242,7 +249,8 @@ class EvalData:
 
 
 class ArrayEvalData(EvalData):
-    """EvalData over an in-memory dataset: the training pipeline with the whole image and no flip."""
+    """EvalData over an in-memory dataset: the training pipeline with the whole image and no flip (or, with
+    `eval_resize: center_crop`, the centre crop that file datasets get from `images.eval_transform`)."""
 
     def __init__(self, data: ArrayDataset, cfg: DataConfig, *, name: str, img_size, in_chans: int,
                  batch_size: int, report: dict[str, Any]):
@@ -264,7 +272,10 @@ class ArrayEvalData(EvalData):
         x = self.images[start : start + self.batch_size]
         if x.shape[1] != self.in_chans:
             x = match_channels(x.float(), self.in_chans, self.cfg.expand_channels, self.name).contiguous()
+        y = self.labels[start : start + self.batch_size]
+        if self.cfg.eval_resize == "center_crop":  # crop 0-255 pixels, so any zero padding is black as torchvision's
+            return normalize_255(center_crop_batch(x, self.out_hw, self.cfg.eval_crop_fraction), self.cfg.normalize), y
         x = normalize_255(x, self.cfg.normalize)
         if self.out_hw != (H, W):
             x = resized_crop_batch(x, full_boxes(len(x), H, W), self.out_hw)
-        return x, self.labels[start : start + self.batch_size]
+        return x, y

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..data.config import EVAL_RESIZE
 from ..optimize import MODES, optimize
 from .loop import TTA_MODES, evaluate
 
@@ -27,15 +28,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tta", choices=TTA_MODES, default="none",
                    help="test-time augmentation: hflip averages the probabilities of each image and its mirror "
                         "image (2x the compute); reported beside, never instead of, the single-view number")
+    p.add_argument("--eval-resize", choices=EVAL_RESIZE, default=None,
+                   help="resize: squash the whole image to the model's size; center_crop: resize the shorter side "
+                        "to size / --crop-fraction and keep the centre. Default: what the checkpoint's recipe "
+                        "recorded, else resize")
+    p.add_argument("--crop-fraction", type=float, default=None,
+                   help="fraction kept by center_crop, in (0, 1] (0.875 is the ImageNet habit); implies "
+                        "--eval-resize center_crop")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batch_size: int = 256,
                         precision: str = "fp32", device: str | None = None, mode: str = "fp32",
-                        tta: str = "none") -> dict[str, Any]:
+                        tta: str = "none", eval_resize: str | None = None,
+                        crop_fraction: float | None = None) -> dict[str, Any]:
     """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string), optionally through a
     `vitlab.optimize` speed mode (the top-1 then measures that mode's accuracy) and with test-time augmentation
-    (`tta="hflip"`, see `evaluate`)."""
+    (`tta="hflip"`, see `evaluate`). Images are resized as the checkpoint's recipe recorded (`data.eval_resize`,
+    `data.eval_crop_fraction`) unless `eval_resize` / `crop_fraction` say otherwise (a fraction implies
+    "center_crop")."""
     from ..data import build_eval_data, parse_data_spec
     from ..weights import load_model, read_metadata
 
@@ -55,6 +66,12 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
         trained = {}
     keys = ("normalize", "expand_channels", "eval_resize", "eval_crop_fraction")
     keep = {k: trained[k] for k in keys if k in trained}
+    if eval_resize is not None:
+        keep["eval_resize"] = eval_resize
+    if crop_fraction is not None:
+        keep["eval_crop_fraction"] = crop_fraction
+        if eval_resize is None:
+            keep["eval_resize"] = "center_crop"
     if keep:
         data_cfg = data_cfg.replace(**keep)
     ev = build_eval_data(data_cfg, split, img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=batch_size)
@@ -65,13 +82,17 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
         net, precision = optimize(model, mode), "fp32"  # the mode sets its own dtype; no autocast around it
     result = evaluate(net, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes),
                       tta=tta)
-    result.update({"checkpoint": checkpoint, "data": data, "split": split, "mode": mode, "tta": tta})
+    result.update({"checkpoint": checkpoint, "data": data, "split": split, "mode": mode, "tta": tta,
+                   "eval_resize": data_cfg.eval_resize})
+    if data_cfg.eval_resize == "center_crop":
+        result["crop_fraction"] = data_cfg.eval_crop_fraction
     return result
 
 
 def format_result(r: dict[str, Any]) -> str:
     tta = "" if r.get("tta", "none") == "none" else f", test-time augmentation: {r['tta']}"
-    lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images{tta})",
+    crop = f", centre crop {r['crop_fraction']:g}" if r.get("eval_resize") == "center_crop" else ""
+    lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images{crop}{tta})",
              f"top-1 {100 * r['top1']:.2f}%   top-5 {100 * r['top5']:.2f}%   loss {r['loss']:.4f}", "",
              "per-class accuracy:"]
     width = max(len(c) for c in r["classes"])
@@ -85,7 +106,8 @@ def format_result(r: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
-                                precision=args.precision, device=args.device, mode=args.mode, tta=args.tta)
+                                precision=args.precision, device=args.device, mode=args.mode, tta=args.tta,
+                                eval_resize=args.eval_resize, crop_fraction=args.crop_fraction)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
