@@ -94,6 +94,34 @@ def test_attention_capture_is_exact_and_keeps_other_layers_fused():
         model.forward_attention(x, layers=[3])
 
 
+def test_bf16_training_path_matches_timm_fp32():
+    """bf16 training on a CPU takes the explicit softmax(QK^T)V path (faster there than the fused kernel's
+    backward); logits and gradients must still agree with timm's fp32 model to bf16 precision."""
+    from vitlab.model import _explicit_is_faster
+
+    q = torch.randn(2, 4, 17, 16, dtype=torch.bfloat16)
+    assert not _explicit_is_faster(q)  # no gradient wanted: the fused kernel
+    assert _explicit_is_faster(q.requires_grad_())
+    assert not _explicit_is_faster(q.float())  # fp32: the fused kernel
+    assert not _explicit_is_faster(torch.randn(1, 1, 1025, 16, dtype=torch.bfloat16, requires_grad=True))
+
+    ours = perturb_(create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8)).train()
+    theirs = _timm_twin(ours).train()
+    x = torch.randn(4, 3, 32, 32)
+    y = torch.randint(0, 10, (4,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = ours(x)
+    torch.nn.functional.cross_entropy(logits.float(), y).backward()
+    ref = theirs(x)
+    torch.nn.functional.cross_entropy(ref, y).backward()
+    scale = ref.abs().max().item()
+    torch.testing.assert_close(logits.float(), ref, atol=3e-2 * scale, rtol=0)
+    grads = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        g, g_ref = p.grad.float(), grads[name].grad
+        assert torch.linalg.vector_norm(g - g_ref) <= 0.06 * torch.linalg.vector_norm(g_ref) + 1e-6, name
+
+
 def test_pre_logits_layer_is_dense_tanh():
     model = perturb_(create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, representation_size=48)).eval()
     x = torch.randn(2, 3, 32, 32)

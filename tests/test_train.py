@@ -74,6 +74,25 @@ def test_unknown_keys_list_the_valid_ones(tmp_path):
         load_recipe(tmp_path / "missing.yaml")
 
 
+def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
+    from vitlab.train import loop
+
+    amx = tmp_path / "amx"
+    amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    plain = tmp_path / "plain"
+    plain.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\nbugs\t\t: amx_bf16_not_a_flag\n")
+    assert loop.cpu_has_amx(str(amx)) and not loop.cpu_has_amx(str(plain))
+    assert not loop.cpu_has_amx(str(tmp_path / "missing"))  # not Linux: no cpuinfo, so fp32
+    for has_amx, expect in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(loop, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
+        assert loop.resolve_precision("auto", "cpu") == expect
+        assert loop.resolve_precision("fp32", "cpu") == "fp32" and loop.resolve_precision("bf16", "cpu") == "bf16"
+        with loop.autocast(torch.device("cpu"), "auto"):
+            assert torch.is_autocast_enabled("cpu") is has_amx
+    (tmp_path / "r.yaml").write_text("train:\n  steps: 3\n  precision: auto\n")
+    assert load_recipe(tmp_path / "r.yaml").train.precision == "auto"
+
+
 def test_set_overrides_parse_yaml_values():
     assert parse_override("optim.lr=3e-4") == (["optim", "lr"], 3e-4)
     assert parse_override("optim.betas=[0.9, 0.95]") == (["optim", "betas"], [0.9, 0.95])
@@ -198,3 +217,28 @@ def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path, fmnist_root):
                                   r.init.pos_embed_resize)
     torch.testing.assert_close(model.pos_embed.detach(), expected)
     torch.testing.assert_close(model.blocks[0].mlp.fc1.weight, pre.blocks[0].mlp.fc1.weight)
+
+
+def test_compiled_bf16_steps_match_eager(tmp_path, fmnist_root):
+    """The shipped Fashion-MNIST recipe trains under torch.compile with bf16 autocast (where the CPU has AMX): three
+    compiled steps of its (tiny) model must follow the eager fp32 steps to bf16 precision."""
+    import copy
+
+    from vitlab.train.loop import build_model, train_step
+    from vitlab.train.optim import build_optimizer
+
+    recipe = _tiny(str(Path(vitlab.__file__).parents[2] / "configs" / "fmnist_hybrid.yaml"), tmp_path, fmnist_root)
+    torch.manual_seed(0)
+    eager = build_model(recipe, num_classes=10)
+    compiled = copy.deepcopy(eager)
+    opt_e, opt_c = build_optimizer(eager, recipe.optim), build_optimizer(compiled, recipe.optim)
+    net = torch.compile(compiled)
+    g = torch.Generator().manual_seed(1)
+    kw = dict(lr=1e-3, device=torch.device("cpu"), clip_grad_norm=1.0, label_smoothing=0.1)
+    for _ in range(3):
+        batch = [(torch.randn(8, 1, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g))]
+        a = train_step(eager, opt_e, batch, precision="fp32", **kw)
+        b = train_step(net, opt_c, batch, precision="bf16", **kw)
+        assert b.applied and abs(a.loss - b.loss) <= 0.02 * a.loss
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        assert torch.linalg.vector_norm(p - q) <= 0.05 * torch.linalg.vector_norm(p), name

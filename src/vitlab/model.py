@@ -73,13 +73,19 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, hd)
         attn = None
-        if return_attn:  # the explicit path, only for the layers whose maps were asked for
-            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, heads, N, N)
-            out = F.dropout(attn, self.attn_drop, self.training) @ v
+        if return_attn or _explicit_is_faster(q):  # maps asked for, or bf16 training on a CPU (docs/speed.md)
+            attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            out = F.dropout(attn, self.attn_drop, self.training) @ v  # attn: (B, heads, N, N)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D): heads concatenated
-        return self.proj_drop(self.proj(out)), attn
+        return self.proj_drop(self.proj(out)), attn if return_attn else None
+
+
+def _explicit_is_faster(q: torch.Tensor) -> bool:
+    """softmax(QK^T)V beats the fused kernel for bf16 training on CPU: the flash kernel's backward is 1.5-5x slower
+    there for N <= 577 (benchmarks/attention_cpu.py); with fp32, on GPU, or without gradients the fused kernel stays."""
+    return q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and q.shape[-2] <= 640
 
 
 class Mlp(nn.Module):

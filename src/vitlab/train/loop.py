@@ -100,9 +100,29 @@ def build_optimizer_for(model: nn.Module, recipe: Recipe) -> torch.optim.Optimiz
     return build_optimizer(model, recipe.optim)
 
 
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """"auto" -> "bf16" where bf16 is the fast path (a CUDA GPU with bf16, a CPU with AMX), else "fp32". Without
+    AMX, bf16 autocast on a CPU runs slower than fp32 (measured 2x slower on AVX-512 alone, docs/speed.md)."""
+    if precision != "auto":
+        return precision
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_amx() else "fp32"
+
+
 def autocast(device: torch.device, precision: str):
-    """bf16 autocast on CPU and GPU (weights stay fp32); a no-op context for fp32."""
-    if precision == "bf16":
+    """bf16 autocast on CPU and GPU (weights stay fp32); a no-op context for fp32; "auto" as `resolve_precision`."""
+    if resolve_precision(precision, device) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -412,6 +432,7 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
 
     tr = recipe.train
     seed_everything(tr.seed)
+    precision = resolve_precision(tr.precision, info.device)  # "auto" decided once, recorded in the summary
 
     # Data: each optimizer step pulls accum_steps micro-batches; ranks' micro-batches make the global one.
     vit_cfg = recipe.model.vit_config(num_classes=0)
@@ -540,12 +561,12 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
         result: dict[str, Any] = {}
         m = eval_model()  # every rank: gathering FSDP shards is a collective
         if info.is_main:
-            result = evaluate(m, eval_data, num_classes, device=info.device, precision=tr.precision,
+            result = evaluate(m, eval_data, num_classes, device=info.device, precision=precision,
                               class_names=classes, max_samples=tr.eval_max_samples)
             row = {"step": step, "split": f"eval_{tr.eval_split}", "top1": result["top1"], "top5": result["top5"],
                    "loss": result["loss"], "train_time_s": state.train_time_s}
             if ema is not None:
-                raw = evaluate(model, eval_data, num_classes, device=info.device, precision=tr.precision,
+                raw = evaluate(model, eval_data, num_classes, device=info.device, precision=precision,
                                max_samples=tr.eval_max_samples)
                 row["top1_raw"] = raw["top1"]
             log(row)
@@ -589,7 +610,7 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
                 batches = [next(it) for _ in range(tr.accum_steps)]
                 if not stream_resizes:
                     batches = [(resize_batch(x, hw), y) for x, y in batches]
-                result = train_step(net, optimizer, batches, lr=lr, device=info.device, precision=tr.precision,
+                result = train_step(net, optimizer, batches, lr=lr, device=info.device, precision=precision,
                                     clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=tr.label_smoothing,
                                     mix=mix, accum_steps=tr.accum_steps, info=info, on_loss=on_loss)
                 if result.applied:
@@ -645,7 +666,8 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
     summary: dict[str, Any] = {"status": status, "step": state.step, "total_steps": total_steps,
                                "skipped_steps": state.skipped_steps, "images_seen": state.images_seen,
                                "train_time_s": state.train_time_s, "run_dir": str(run_dir),
-                               "resumed_from": resumed_from, "world_size": info.world_size}
+                               "resumed_from": resumed_from, "world_size": info.world_size,
+                               "precision": precision}
     m = eval_model() if status.startswith("completed") else None  # every rank (FSDP gathers)
     if info.is_main and m is not None:
         final_path = run_dir / "model.safetensors"

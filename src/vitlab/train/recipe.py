@@ -22,7 +22,7 @@ import yaml
 
 from ..config import RESIZE_MODES, ViTConfig, canonical_name
 
-PRECISIONS = ("bf16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 PARALLEL = ("ddp", "fsdp")
@@ -157,7 +157,8 @@ class TrainSection:
         batch_size: Global batch per optimizer step (all processes and accumulation steps together).
         steps: Optimizer steps; give this or `epochs`.
         epochs: Passes over the training set (converted to steps with the stream's epoch size).
-        precision: "bf16" (autocast on CPU and GPU; weights and optimizer stay fp32) or "fp32".
+        precision: "bf16" (autocast on CPU and GPU; weights and optimizer stay fp32), "fp32", or "auto": bf16 on
+            a GPU with bf16 support or a CPU with AMX tiles (where bf16 matmuls are several times faster), else fp32.
         seed: Seeds model init, data order, augmentation, dropout.
         accum_steps: Micro-batches per optimizer step (batch_size must divide by accum_steps * processes).
         eval_every: Evaluate every this many steps (0: only at the end).

@@ -87,6 +87,7 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
         f"- steps: {summary.get('step')} / {summary.get('total_steps')} (skipped non-finite: "
         f"{summary.get('skipped_steps')})",
         f"- images seen: {summary.get('images_seen')}",
+        f"- precision: {summary.get('precision', '-')}",
         f"- training time: {summary.get('train_time_s', 0) / 60:.1f} min",
         f"- median throughput: {report.get('median_images_per_s', 0):.0f} images/s",
     ]
