@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.train import load_recipe
-from vitlab.train.loop import build_model, train_step
+from vitlab.train.loop import build_model, resolve_precision, train_step
 from vitlab.train.mixup import BatchMix
 from vitlab.train.optim import build_optimizer
 
@@ -208,8 +208,9 @@ def main() -> None:
         return run
 
     allocator = "tuned allocator" if keep_freed_memory() else "default allocator"
+    compiled_ = ", torch.compile" if recipe.train.compile else ""
     sides = {
-        f"vitlab ({recipe.train.precision}{', torch.compile' if recipe.train.compile else ''}, in-memory batch "
+        f"vitlab ({resolve_precision(recipe.train.precision, 'cpu')}{compiled_}, in-memory batch "
         f"augmentation, {allocator})": vitlab_side(recipe, args.steps),
         **{label: remote(i) for i, (label, *_) in enumerate(baseline_variants(args.workers))},
     }
