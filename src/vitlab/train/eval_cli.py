@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help='dataset: "fashion_mnist", "imagefolder:/path", "cifar10:/path", ...')
     p.add_argument("--split", default="test", choices=("test", "val", "train"), help="which split (default test)")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--precision", choices=("bf16", "fp32"), default="fp32", help="autocast precision (eager)")
+    p.add_argument("--precision", choices=("bf16", "fp32", "auto"), default="fp32",
+                   help="autocast precision (eager); auto: bf16 on a CPU with AMX or a GPU with bf16, else fp32")
     p.add_argument("--mode", choices=MODES, default="fp32",
                    help="inference speed mode from vitlab.optimize instead of plain eager (docs/speed.md); "
                         "with any mode but fp32, --precision is ignored")

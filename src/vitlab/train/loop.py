@@ -8,6 +8,7 @@ and many in a row stop the run with the last good checkpoint kept, and `resume=T
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -100,6 +101,7 @@ def build_optimizer_for(model: nn.Module, recipe: Recipe) -> torch.optim.Optimiz
     return build_optimizer(model, recipe.optim)
 
 
+@functools.cache
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
     try:
