@@ -83,8 +83,9 @@ class Attention(nn.Module):
 
 
 def _explicit_is_faster(q: torch.Tensor) -> bool:
-    """softmax(QK^T)V beats the fused kernel for bf16 training on CPU: the flash kernel's backward is 1.5-5x slower
-    there for N <= 577 (benchmarks/attention_cpu.py); with fp32, on GPU, or without gradients the fused kernel stays."""
+    """softmax(QK^T)V beats the fused kernel for bf16 training on CPU: the flash kernel's forward + backward is
+    2-6x slower there for N <= 577 (benchmarks/attention_cpu.py); with fp32, on GPU, or without gradients the fused
+    kernel stays."""
     return q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.requires_grad and q.shape[-2] <= 640
 
 
