@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from vitlab.bench import _time_calls
 
 # (what, batch, heads, tokens, head dim)
 SHAPES = [
@@ -28,14 +29,8 @@ SHAPES = [
 
 
 def time_ms(fn, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    """Median milliseconds per call (vitlab.bench's timer: 2 warm-up calls, then `repeats` timed ones)."""
+    return 1e3 * statistics.median(_time_calls(fn, warmup=2, rounds=repeats, iters=1, device="cpu"))
 
 
 def main() -> None:

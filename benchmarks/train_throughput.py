@@ -208,14 +208,15 @@ def main() -> None:
         return run
 
     allocator = "tuned allocator" if keep_freed_memory() else "default allocator"
-    compiled_ = ", torch.compile" if recipe.train.compile else ""
+    compile_note = ", torch.compile" if recipe.train.compile else ""
+    variants = baseline_variants(args.workers)
     sides = {
-        f"vitlab ({resolve_precision(recipe.train.precision, 'cpu')}{compiled_}, in-memory batch "
+        f"vitlab ({resolve_precision(recipe.train.precision, 'cpu')}{compile_note}, in-memory batch "
         f"augmentation, {allocator})": vitlab_side(recipe, args.steps),
-        **{label: remote(i) for i, (label, *_) in enumerate(baseline_variants(args.workers))},
+        **{label: remote(i) for i, (label, *_) in enumerate(variants)},
     }
-    plain = [label for label, _, _, compiled in baseline_variants(args.workers) if not compiled]
-    compiled = [label for label, _, _, c in baseline_variants(args.workers) if c]
+    plain = [label for label, _, _, c in variants if not c]
+    compiled = [label for label, _, _, c in variants if c]
     for run in sides.values():  # warm-up round, not counted
         run()
     results: dict[str, list[float]] = {name: [] for name in sides}
