@@ -116,7 +116,10 @@ def test_vit_jax_npz_of_a_hybrid_is_read_by_timms_reader_and_ours(tmp_path, name
     x = torch.randn(2, 3, 64, 64)
     torch.testing.assert_close(theirs(x), ours(x), atol=ATOL, rtol=0)
     back = vitlab.load_model(path).eval()
-    assert back.cfg.hybrid_layers == layers
+    assert back.cfg.hybrid_layers == layers and back.cfg.hybrid_eps == "vit_jax"  # Google's layout, Google's eps
+    a, b = ours.state_dict(), back.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    back = vitlab.load_model(path, hybrid_eps="timm").eval()
     torch.testing.assert_close(back(x), ours(x), atol=ATOL, rtol=0)
 
 
@@ -138,3 +141,32 @@ def test_fast_paths_equal_the_plain_same_convolution_and_pool(hw):
         grad_ref = torch.autograd.grad(ref, x, g)[0]
         torch.testing.assert_close(ours, ref)
         torch.testing.assert_close(grad_ours, grad_ref)
+
+
+def test_epsilon_conventions_of_timm_and_vit_jax():
+    """"timm" is timm's StdConv2dSame(eps=1e-8) + GroupNormAct (eps 1e-5); "vit_jax" is models_resnet.py's
+    (w - mean) / (std + 1e-5) and flax's GroupNorm eps 1e-6 (its logits: tests/test_weights_vitjax_fixture.py).
+    A filter of variance 1e-8 tells them apart."""
+    from timm.layers import GroupNormAct as TimmGroupNormAct
+    from timm.layers import StdConv2dSame
+
+    from vitlab.hybrid import GroupNormAct, StdConv2d
+
+    theirs = StdConv2dSame(8, 64, 3, stride=2, bias=False, eps=1e-8)
+    torch.nn.init.normal_(theirs.weight, std=0.1)
+    with torch.no_grad():
+        theirs.weight[0] *= 1e-4 / theirs.weight[0].std(unbiased=False)
+    x = torch.randn(2, 8, 9, 9)
+    for eps in ("timm", "vit_jax"):
+        ours = StdConv2d(8, 64, 3, 2, eps)
+        ours.load_state_dict(theirs.state_dict())
+        w = theirs.weight.double()
+        mean, std = w.mean((1, 2, 3), keepdim=True), w.std((1, 2, 3), keepdim=True, unbiased=False)
+        w = (w - mean) / (torch.sqrt(std**2 + 1e-8) if eps == "timm" else std + 1e-5)
+        want = F.conv2d(x.double(), w, stride=2, padding=1)  # SAME: 9 -> 5, one pixel each side
+        torch.testing.assert_close(ours(x).double(), want, atol=1e-5, rtol=0)
+        if eps == "timm":
+            torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+        else:
+            assert (ours(x)[:, 0] - theirs(x)[:, 0]).abs().max() > 0.1  # 1 / 1.1e-4 vs 1 / 1.41e-4
+    assert GroupNormAct(64).eps == TimmGroupNormAct(64, 32).eps == 1e-5 and GroupNormAct(64, eps="vit_jax").eps == 1e-6

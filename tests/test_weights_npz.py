@@ -8,7 +8,7 @@ import scipy.ndimage
 import torch
 
 import vitlab
-from vitlab.weights import WeightsError, WeightsWarning
+from vitlab.weights import WeightsError, WeightsWarning, npz
 
 from .conftest import perturb_
 
@@ -167,3 +167,48 @@ def test_bad_archives_are_clear_errors(tmp_path):
                                          "embedding/kernel": np.zeros((1, 1, 1024, 768))})
     with pytest.raises(WeightsError, match="no Transformer blocks"):
         vitlab.load_model(tmp_path / "hybrid.npz")
+
+
+def test_hybrid_with_sorted_keys_as_google_writes_them(tmp_path):
+    """Google's files store keys sorted, so Transformer/... comes before block1/... and conv_root/... (user
+    report: reading R50+ViT-B_16.npz died with "'str' object is not callable")."""
+    model = perturb_(vitlab.create_model("ViT-Ti/16", embed_dim=64, depth=1, num_heads=4, mlp_dim=128, num_classes=5,
+                                         img_size=32, patch_size=1, hybrid_layers=(1,), hybrid_width=32)).eval()
+    path = vitlab.save_weights(model, tmp_path / "ours.npz")
+    with np.load(path) as f:
+        arrays = {k: f[k] for k in sorted(f.files)}
+    assert next(iter(arrays)).startswith("Transformer/") and "conv_root/kernel" in arrays
+    np.savez(tmp_path / "sorted.npz", **arrays)
+    loaded = vitlab.load_model(tmp_path / "sorted.npz")
+    assert loaded.cfg == model.cfg.replace(name=None, hybrid_eps="vit_jax")  # Google's layout: Google's epsilons
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_current_flax_names_are_read(tmp_path):
+    """flax.linen numbers submodules per type (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
+    MlpBlock_0); the released files have pre-Linen numbers (LayerNorm_0, ..._1, LayerNorm_2, MlpBlock_3). Like
+    vit_jax's checkpoint.load (flax's convert_pre_linen), we renumber per type in the order of the numbers."""
+    linen = {"LayerNorm_0": "LayerNorm_0", "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_0",
+             "LayerNorm_2": "LayerNorm_1", "MlpBlock_3": "MlpBlock_0"}
+    model = tiny(representation_size=24)
+    path = vitlab.save_weights(model, tmp_path / "released.npz")
+    with np.load(path) as f:
+        arrays = {"/".join(linen.get(p, p) for p in k.split("/")): f[k] for k in f.files}
+    assert "Transformer/encoderblock_1/MlpBlock_0/Dense_1/kernel" in arrays
+    np.savez(tmp_path / "current.npz", **arrays)
+    loaded = vitlab.load_model(tmp_path / "current.npz")
+    assert loaded.cfg == model.cfg.replace(name=None)
+    a, b = model.state_dict(), loaded.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # numbers in numeric order, per type, per parent; anything else is left alone
+    assert npz._linen_names(["a/Dense_10/kernel", "a/Dense_3/kernel", "a/LayerNorm_4/scale", "b/Dense_7/bias",
+                             "block1/unit1/conv1/kernel"]) == {
+        "a/Dense_10/kernel": "a/Dense_1/kernel", "a/Dense_3/kernel": "a/Dense_0/kernel",
+        "a/LayerNorm_4/scale": "a/LayerNorm_0/scale", "b/Dense_7/bias": "b/Dense_0/bias",
+        "block1/unit1/conv1/kernel": "block1/unit1/conv1/kernel"}
+    # a third LayerNorm in a block is not ours to read: the error names the file's own key
+    arrays["Transformer/encoderblock_0/LayerNorm_7/scale"] = np.ones(64, np.float32)
+    np.savez(tmp_path / "extra.npz", **arrays)
+    with pytest.raises(WeightsError, match="encoderblock_0/LayerNorm_7/scale"):
+        vitlab.load_model(tmp_path / "extra.npz")

@@ -11,7 +11,8 @@ import sys
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("vitlab.commands.models", "the paper's Table 1 for every built-in variant"),
-    "convert": ("vitlab.weights.cli", "convert a checkpoint (npz, timm, HF, torchvision, ours) to .safetensors/.npz"),
+    "weights": ("vitlab.commands.weights", "pretrained checkpoints: list the registry, show one, get (download) one"),
+    "convert": ("vitlab.weights.cli", "convert a checkpoint between vitlab, npz, hf, torchvision and timm formats"),
     "train": ("vitlab.train.cli", "pre-train or fine-tune from a YAML recipe"),
     "eval": ("vitlab.train.eval_cli", "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"),
     "predict": ("vitlab.train.predict_cli", "classify image files with a checkpoint"),

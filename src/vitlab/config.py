@@ -13,6 +13,7 @@ from typing import Any
 POOLS = ("token", "gap")
 POS_EMBEDS = ("learned", "sincos2d", "none")
 RESIZE_MODES = ("jax", "bilinear", "bicubic")
+HYBRID_EPS = ("timm", "vit_jax")  # whose weight-standardisation and GroupNorm epsilons (vitlab.hybrid.EPS)
 
 
 @dataclass
@@ -42,6 +43,10 @@ class ViTConfig:
             blocks of each ResNet stage whose feature map gives the tokens: (3, 4, 9) is R50+ViT-B/16's
             ResNet-50 without stage 4; () is the bare stem. `patch_size` then counts feature-map cells.
         hybrid_width: The ResNet's stem width (64 in ResNet-50); stage i is `width * 2**i` wide (x4 out).
+        hybrid_eps: Whose epsilons the hybrid's weight-standardised convolutions and GroupNorms use, following
+            the source of the weights: "timm" (ResNetV2: (w - mean) / sqrt(var + 1e-8), GroupNorm 1e-5) or
+            "vit_jax" (Google's models_resnet.py: (w - mean) / (std + 1e-5), flax GroupNorm 1e-6); the `.npz`
+            reader sets "vit_jax".
         name: The variant this config came from, if any (informational).
     """
 
@@ -65,6 +70,7 @@ class ViTConfig:
     pos_embed_resize: str = "bicubic"
     hybrid_layers: tuple[int, ...] | None = None
     hybrid_width: int = 64
+    hybrid_eps: str = "timm"
     name: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +123,8 @@ class ViTConfig:
             raise ValueError(
                 f"ViTConfig.pos_embed_resize must be one of {RESIZE_MODES}, got {self.pos_embed_resize!r}"
             )
+        if self.hybrid_eps not in HYBRID_EPS:
+            raise ValueError(f"ViTConfig.hybrid_eps must be one of {HYBRID_EPS}, got {self.hybrid_eps!r}")
         if self.pool == "token" and not self.class_token:
             raise ValueError("ViTConfig.pool='token' needs class_token=True (use pool='gap' without one)")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:

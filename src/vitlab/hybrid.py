@@ -10,6 +10,10 @@ The ResNet is BiT's v2 layout in its post-activation form, as in Google's hybrid
             the second stage on, halves the resolution (stride 2 in its 3x3).
 
 Padding is TensorFlow's "SAME" (input-size dependent, extra pixel on the bottom/right), as in the JAX models.
+Weight standardisation and GroupNorm take their epsilons from the weights' source (`ViTConfig.hybrid_eps`, see
+`EPS`): timm's ResNetV2 and Google's vit_jax differ in both, and for a filter with small variance or a nearly
+flat image the difference reaches the logits.
+
 Module names follow timm's ResNetV2 (`patch_embed.backbone.stem.conv.weight`, `...stages.0.blocks.0.conv1.weight`)
 so timm's `vit_*_r*` hybrids interchange weights; with no stages the backbone is the bare stem, as in timm.
 """
@@ -18,14 +22,32 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 GROUPS = 32  # GroupNorm groups, as in BiT
-WS_EPS = 1e-8  # weight-standardisation epsilon of the hybrids (timm and vit_jax)
-GN_EPS = 1e-5
+
+
+class Eps(NamedTuple):
+    """A convention's epsilons: standardised weight (w - mean) / sqrt(var + ws), or / (std + ws) when
+    `ws_on_std`; GroupNorm divides by sqrt(var + gn)."""
+
+    ws: float
+    ws_on_std: bool
+    gn: float
+
+
+EPS = {
+    # timm ResNetV2 as its ViT hybrids build it (vision_transformer_hybrid.py: StdConv2dSame eps=1e-8, GroupNormAct
+    # default eps 1e-5)
+    "timm": Eps(ws=1e-8, ws_on_std=False, gn=1e-5),
+    # Google's vit_jax: models_resnet.weight_standardize(w, axis=[0, 1, 2], eps=1e-5) divides by std + eps;
+    # flax.linen.GroupNorm's epsilon defaults to 1e-6
+    "vit_jax": Eps(ws=1e-5, ws_on_std=True, gn=1e-6),
+}
 
 
 def _same_pad(x: torch.Tensor, k: int, s: int, value: float = 0.0) -> torch.Tensor:
@@ -41,15 +63,15 @@ def _same_pad(x: torch.Tensor, k: int, s: int, value: float = 0.0) -> torch.Tens
 class StdConv2d(nn.Conv2d):
     """Convolution with weight standardisation (each filter: zero mean, unit variance), "SAME" padding, no bias."""
 
-    def __init__(self, cin: int, cout: int, k: int, stride: int = 1, eps: float = WS_EPS):
+    def __init__(self, cin: int, cout: int, k: int, stride: int = 1, eps: str = "timm"):
         super().__init__(cin, cout, k, stride=stride, padding=0, bias=False)
-        self.eps = eps
+        self.eps, self.on_std = EPS[eps].ws, EPS[eps].ws_on_std
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         mean = w.mean(dim=(1, 2, 3), keepdim=True)
         var = w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
-        w = (w - mean) / torch.sqrt(var + self.eps)
+        w = (w - mean) / (var.sqrt() + self.eps if self.on_std else torch.sqrt(var + self.eps))
         k, s = self.kernel_size[0], self.stride[0]
         if s == 1 and k % 2:  # SAME at stride 1 is symmetric for odd k: the convolution pads, no padded copy
             return F.conv2d(x, w, None, 1, (k - 1) // 2)
@@ -61,8 +83,8 @@ class StdConv2d(nn.Conv2d):
 class GroupNormAct(nn.GroupNorm):
     """GroupNorm (32 groups) followed by ReLU unless `act=False`."""
 
-    def __init__(self, channels: int, act: bool = True):
-        super().__init__(GROUPS, channels, eps=GN_EPS)
+    def __init__(self, channels: int, act: bool = True, eps: str = "timm"):
+        super().__init__(GROUPS, channels, eps=EPS[eps].gn)
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,10 +105,10 @@ class MaxPoolSame(nn.Module):
 class Downsample(nn.Module):
     """The projection shortcut of a stage's first block."""
 
-    def __init__(self, cin: int, cout: int, stride: int):
+    def __init__(self, cin: int, cout: int, stride: int, eps: str = "timm"):
         super().__init__()
-        self.conv = StdConv2d(cin, cout, 1, stride)
-        self.norm = GroupNormAct(cout, act=False)
+        self.conv = StdConv2d(cin, cout, 1, stride, eps)
+        self.norm = GroupNormAct(cout, act=False, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.conv(x))
@@ -95,16 +117,16 @@ class Downsample(nn.Module):
 class Bottleneck(nn.Module):
     """1x1 (width) -> 3x3 (width, stride) -> 1x1 (4 x width), GroupNorm after each; ReLU after the sum."""
 
-    def __init__(self, cin: int, cout: int, stride: int, project: bool):
+    def __init__(self, cin: int, cout: int, stride: int, project: bool, eps: str = "timm"):
         super().__init__()
         mid = cout // 4
-        self.downsample = Downsample(cin, cout, stride) if project else None
-        self.conv1 = StdConv2d(cin, mid, 1)
-        self.norm1 = GroupNormAct(mid)
-        self.conv2 = StdConv2d(mid, mid, 3, stride)
-        self.norm2 = GroupNormAct(mid)
-        self.conv3 = StdConv2d(mid, cout, 1)
-        self.norm3 = GroupNormAct(cout, act=False)
+        self.downsample = Downsample(cin, cout, stride, eps) if project else None
+        self.conv1 = StdConv2d(cin, mid, 1, eps=eps)
+        self.norm1 = GroupNormAct(mid, eps=eps)
+        self.conv2 = StdConv2d(mid, mid, 3, stride, eps)
+        self.norm2 = GroupNormAct(mid, eps=eps)
+        self.conv3 = StdConv2d(mid, cout, 1, eps=eps)
+        self.norm3 = GroupNormAct(cout, act=False, eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -115,31 +137,32 @@ class Bottleneck(nn.Module):
 
 
 class Stage(nn.Module):
-    def __init__(self, cin: int, cout: int, depth: int, stride: int):
+    def __init__(self, cin: int, cout: int, depth: int, stride: int, eps: str = "timm"):
         super().__init__()
         self.blocks = nn.Sequential(*[
-            Bottleneck(cin if i == 0 else cout, cout, stride if i == 0 else 1, project=i == 0) for i in range(depth)
+            Bottleneck(cin if i == 0 else cout, cout, stride if i == 0 else 1, project=i == 0, eps=eps)
+            for i in range(depth)
         ])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x)
 
 
-def make_stem(in_chans: int, width: int) -> nn.Sequential:
-    return nn.Sequential(OrderedDict(conv=StdConv2d(in_chans, width, 7, 2), norm=GroupNormAct(width),
+def make_stem(in_chans: int, width: int, eps: str = "timm") -> nn.Sequential:
+    return nn.Sequential(OrderedDict(conv=StdConv2d(in_chans, width, 7, 2, eps), norm=GroupNormAct(width, eps=eps),
                                      pool=MaxPoolSame()))
 
 
 class ResNetBackbone(nn.Module):
     """Stem plus stages; stage i has `layers[i]` bottlenecks of width `width * 2**i` (outputs 4x that)."""
 
-    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int):
+    def __init__(self, in_chans: int, layers: tuple[int, ...], width: int, eps: str = "timm"):
         super().__init__()
-        self.stem = make_stem(in_chans, width)
+        self.stem = make_stem(in_chans, width, eps)
         stages, cin = [], width
         for i, depth in enumerate(layers):
             cout = 4 * width * 2**i
-            stages.append(Stage(cin, cout, depth, stride=1 if i == 0 else 2))
+            stages.append(Stage(cin, cout, depth, stride=1 if i == 0 else 2, eps=eps))
             cin = cout
         self.stages = nn.Sequential(*stages)
 
@@ -147,9 +170,10 @@ class ResNetBackbone(nn.Module):
         return self.stages(self.stem(x))
 
 
-def build_backbone(in_chans: int, layers: tuple[int, ...], width: int) -> nn.Module:
-    """The ResNet for `ViTConfig.hybrid_layers` / `hybrid_width`; with no stages, the bare stem (timm's layout)."""
-    return ResNetBackbone(in_chans, layers, width) if layers else make_stem(in_chans, width)
+def build_backbone(in_chans: int, layers: tuple[int, ...], width: int, eps: str = "timm") -> nn.Module:
+    """The ResNet for `ViTConfig.hybrid_layers` / `hybrid_width` / `hybrid_eps`; with no stages, the bare stem
+    (timm's layout)."""
+    return ResNetBackbone(in_chans, layers, width, eps) if layers else make_stem(in_chans, width, eps)
 
 
 def backbone_channels(layers: tuple[int, ...], width: int) -> int:

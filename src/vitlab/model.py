@@ -33,7 +33,7 @@ class PatchEmbed(nn.Module):
         self.in_chans = cfg.in_chans
         cin = cfg.in_chans
         if cfg.hybrid_layers is not None:
-            self.backbone = build_backbone(cfg.in_chans, cfg.hybrid_layers, cfg.hybrid_width)
+            self.backbone = build_backbone(cfg.in_chans, cfg.hybrid_layers, cfg.hybrid_width, cfg.hybrid_eps)
             cin = backbone_channels(cfg.hybrid_layers, cfg.hybrid_width)
         else:
             self.backbone = None
@@ -152,6 +152,7 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = cfg.num_prefix_tokens
         self.grid_size = cfg.grid_size
         self.grad_checkpointing = False
+        self.preprocess = None  # vitlab.preprocess.Preprocess the weights expect; set by load_model, None = unknown
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
@@ -217,6 +218,26 @@ class VisionTransformer(nn.Module):
         if num_classes:
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
+
+    # -- the Hub's folder layout (config.json + model.safetensors), as huggingface_hub's mixin ---------
+    def save_pretrained(self, save_directory, **kwargs):
+        """Write config.json + model.safetensors (+ README.md); see `vitlab.weights.publish.save_pretrained`."""
+        from .weights import publish
+
+        return publish.save_pretrained(self, save_directory, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, **kwargs) -> VisionTransformer:
+        """A model from a Hub folder or "owner/repo"; see `vitlab.weights.publish.from_pretrained`."""
+        from .weights import publish
+
+        return publish.from_pretrained(name_or_path, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload `save_pretrained`'s folder in one commit; see `vitlab.weights.publish.push_to_hub`."""
+        from .weights import publish
+
+        return publish.push_to_hub(self, repo_id, **kwargs)
 
     # -- Eq. 1 --------------------------------------------------------------------------------------
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -344,13 +365,31 @@ def _lecun_normal_(w: torch.Tensor) -> None:
     nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-def create_model(name: str | ViTConfig, **overrides) -> VisionTransformer:
+def create_model(name: str | ViTConfig, weights: str | None = None, **overrides) -> VisionTransformer:
     """Build a named variant ("ViT-B/16", case-insensitive) or a `ViTConfig`, overriding any config field.
+
+    Args:
+        name: Variant name or a ViTConfig.
+        weights: Pretrained weights to load into it: a path, a registry name, "hf-hub:owner/repo", a gs:// or
+            https URL (anything `vitlab.weights.hub.resolve` takes). A registry entry's config fields (classes,
+            resolution, pre-logits) are used unless `overrides` say otherwise, and its preprocessing becomes
+            `model.preprocess`; another class count gets a zero head, another resolution resampled position
+            embeddings (see `load_weights`).
+        **overrides: ViTConfig fields.
 
     Example:
         >>> model = create_model("ViT-Ti/16", depth=4, img_size=64, num_classes=7)
         >>> model(torch.zeros(2, 3, 64, 64)).shape
         torch.Size([2, 7])
     """
+    if weights is not None:
+        from .weights import hub
+
+        overrides = {**hub.entry_overrides(hub.locate(weights)[1]), **overrides}
     cfg = name.replace(**overrides) if isinstance(name, ViTConfig) else ViTConfig.from_name(name, **overrides)
-    return VisionTransformer(cfg)
+    model = VisionTransformer(cfg)
+    if weights is not None:
+        from .weights import load_weights
+
+        load_weights(model, weights)
+    return model

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ..preprocess import Preprocess, add_cli_arguments
+
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 
 
@@ -25,8 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-maps", type=int, nargs="*", default=[], metavar="LAYER",
                    help="also draw every head's map of these layers (1-based; -1 is the last)")
     p.add_argument("--components", type=int, default=28, help="principal components of E to show (default: 28)")
-    p.add_argument("--normalize", choices=("inception", "imagenet"), default=None,
-                   help="input normalisation (default: the one stored with the checkpoint's recipe, else inception)")
+    add_cli_arguments(p)
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--force", action="store_true", help="replace report files already in DIR")
 
@@ -35,25 +36,38 @@ def load_checkpoint(path: str, device: torch.device) -> torch.nn.Module:
     """`vitlab.load_model(path)` on `device`, in eval mode, with a clear error when it cannot."""
     import vitlab
 
-    if not Path(path).exists():
-        raise SystemExit(f"error: checkpoint {path} does not exist")
-    loaded = vitlab.load_model(path)
+    try:
+        loaded = vitlab.load_model(path)
+    except FileNotFoundError as e:
+        raise SystemExit(f"error: checkpoint {path} does not exist ({e})") from None
+    except ValueError as e:  # WeightsError and bad configs: the message names the file and the problem
+        raise SystemExit(f"error: {e}") from None
     model = loaded[0] if isinstance(loaded, tuple) else loaded
     return model.to(device).eval()
 
 
-def data_settings(path: str, in_chans: int, normalize: str | None = None) -> dict:
-    """How the checkpoint's training saw its inputs: `normalize` from its recipe (ours; "inception" for
-    other formats, as Google's checkpoints expect) unless given, and grey data repeated for RGB models."""
-    from ..weights import read_metadata
+def preprocessing(args: argparse.Namespace, model, size: tuple[int, int]) -> Preprocess:
+    """The resolved preprocessing (`vitlab.preprocess.resolve`): the flags, else the checkpoint's own, else the
+    default with one warning; at the analysed size."""
+    from ..data import preprocess_of
+    from ..preprocess import cli_overrides
 
-    if normalize is None:
-        try:
-            recipe_data = (read_metadata(path).get("recipe") or {}).get("data") or {}
-        except Exception:  # foreign formats carry no recipe
-            recipe_data = {}
-        normalize = recipe_data.get("normalize", "inception")
-    return {"normalize": normalize, "expand_channels": in_chans == 3}
+    try:
+        overrides = cli_overrides(normalize=args.normalize, resize=args.pp_resize, crop_fraction=args.crop_fraction,
+                                  interpolation=args.interpolation, in_chans=model.cfg.in_chans)
+        return preprocess_of(model, what=str(args.checkpoint), img_size=size, **overrides)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def data_settings(pre: Preprocess) -> dict:
+    """DataConfig fields that make a dataset's eval pipeline apply `pre` (grey data repeated for RGB models)."""
+    from ..preprocess import data_overrides
+
+    try:
+        return data_overrides(pre)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def expand_image_paths(paths: list[str]) -> list[str]:
@@ -78,9 +92,11 @@ def image_size(args: argparse.Namespace, model) -> tuple[int, int]:
     if len(args.img_size) > 2:
         raise SystemExit(f"error: --img-size takes H or H W, got {args.img_size}")
     h, w = (args.img_size * 2)[:2]
-    P = model.cfg.patch_size
+    P = model.cfg.pixel_patch  # a hybrid's token covers ResNet stride x patch_size pixels
+    what = f"the hybrid's pixels per token {P} (ResNet stride x patch size)" if model.cfg.hybrid_layers is not None \
+        else f"the patch size {P}"
     if h <= 0 or w <= 0 or h % P or w % P:
-        raise SystemExit(f"error: --img-size {h}x{w} must be positive multiples of the patch size {P}")
+        raise SystemExit(f"error: --img-size {h}x{w} must be positive multiples of {what}")
     return (h, w)
 
 
@@ -89,13 +105,13 @@ def load_inputs(args: argparse.Namespace, model) -> torch.Tensor:
     from .. import data
 
     size = image_size(args, model)
-    settings = data_settings(args.checkpoint, model.cfg.in_chans, args.normalize)
+    pre = preprocessing(args, model, size)
     if args.images:
         return data.load_images(expand_image_paths(args.images), img_size=size, in_chans=model.cfg.in_chans,
-                                normalize=settings["normalize"])
+                                preprocess=pre)
     if args.num_images < 1:
         raise SystemExit(f"error: --num-images must be at least 1, got {args.num_images}")
-    cfg = data.parse_data_spec(args.data).replace(**settings)
+    cfg = data.parse_data_spec(args.data).replace(**data_settings(pre))
     loader = data.build_eval_data(cfg, args.split, img_size=size, in_chans=model.cfg.in_chans,
                                   batch_size=min(args.num_images, 256))
     batches, n = [], 0

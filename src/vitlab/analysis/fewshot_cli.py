@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..preprocess import add_cli_arguments
 from .fewshot import DEFAULT_L2, DEFAULT_SHOTS, extract_features, fewshot_evaluate
 
 
@@ -25,8 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-limit", type=int, default=None, metavar="N", help="evaluate on the first N test images")
     p.add_argument("--img-size", type=int, nargs="+", metavar="PX", help="input size H [W] (default: the model's)")
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")
-    p.add_argument("--normalize", choices=("inception", "imagenet"), default=None,
-                   help="input normalisation (default: the one stored with the checkpoint's recipe, else inception)")
+    add_cli_arguments(p)
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     p.add_argument("--json", metavar="FILE", help="also write the results here (never replaces an existing file)")
 
@@ -55,7 +55,7 @@ def _features(model, data_cfg, split: str, size, args, limit: int | None, device
 
 def run(args: argparse.Namespace) -> int:
     from .. import data
-    from .cli import data_settings, image_size, load_checkpoint
+    from .cli import data_settings, image_size, load_checkpoint, preprocessing
     from .report import write_atomic
 
     for name in ("seeds", "batch_size"):
@@ -73,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_checkpoint(args.checkpoint, device)
     size = image_size(args, model)
-    data_cfg = data.parse_data_spec(args.data).replace(**data_settings(args.checkpoint, model.cfg.in_chans,
-                                                                          args.normalize))
+    data_cfg = data.parse_data_spec(args.data).replace(**data_settings(preprocessing(args, model, size)))
     train_x, train_y, num_classes = _features(model, data_cfg, args.train_split, size, args, args.train_limit, device)
     test_x, test_y, _ = _features(model, data_cfg, args.test_split, size, args, args.test_limit, device)
     try:

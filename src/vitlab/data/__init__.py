@@ -4,7 +4,7 @@ WebDataset shards; deterministic, resumable, rank-splittable training streams.""
 from .batch_augment import resized_crop_batch, sample_crop_boxes
 from .build import build_eval_data, build_train_stream
 from .config import DataConfig, parse_data_spec
-from .images import BadImageError, BadImageWarning, load_images
+from .images import BadImageError, BadImageWarning, load_images, preprocess_of, preprocess_transform, transforms_for
 from .stream import EvalData, TrainStream
 
 __all__ = [
@@ -17,6 +17,9 @@ __all__ = [
     "build_train_stream",
     "load_images",
     "parse_data_spec",
+    "preprocess_of",
+    "preprocess_transform",
     "resized_crop_batch",
     "sample_crop_boxes",
+    "transforms_for",
 ]

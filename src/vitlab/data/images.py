@@ -11,13 +11,16 @@ from __future__ import annotations
 import io
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torchvision.transforms.v2 as T
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ..preprocess import Preprocess, from_stats, resolve
 from .batch_augment import norm_stats
 from .config import DataConfig
 from .stream import as_hw, randaugment_op
@@ -146,6 +149,94 @@ def eval_transform(img_size, in_chans: int, *, normalize: str = "inception", res
     return T.Compose([*ops, T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
 
 
+_INTERPOLATION = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.InterpolationMode.BICUBIC,
+                  "nearest": T.InterpolationMode.NEAREST}
+
+
+class _Channels(T.Transform):
+    """PIL image of any mode, or uint8 (C, H, W) -> the channels `Preprocess.channels` asks for."""
+
+    def __init__(self, channels: str):
+        super().__init__()
+        self.channels = channels
+
+    def forward(self, img: Any) -> Any:  # type: ignore[override]
+        if isinstance(img, Image.Image):
+            img = to_mode(img, "RGB" if self.channels == "rgb" else "L")
+            return img.convert("RGB") if self.channels == "grey_to_rgb" else img
+        if not isinstance(img, torch.Tensor) or img.ndim != 3:
+            raise TypeError(f"expected a PIL image or a (C, H, W) tensor, got {type(img).__name__}")
+        c = img.shape[0]
+        if self.channels == "rgb" and c == 1:
+            return img.expand(3, -1, -1)
+        if self.channels != "rgb" and c == 3:  # ITU-R 601-2 luma, PIL's "L" conversion
+            grey = (0.299 * img[0] + 0.587 * img[1] + 0.114 * img[2]).round().to(img.dtype)[None]
+            img = grey
+        if self.channels == "grey_to_rgb":
+            return img.expand(3, -1, -1) if img.shape[0] == 1 else img
+        return img
+
+
+def preprocess_transform(p: Preprocess) -> T.Compose:
+    """The eval transform `p` describes: PIL image (any mode) or uint8 (C, H, W) -> float32 (C, H, W).
+
+    The resize runs on the PIL image when given one, so the result is what torchvision's `weights.transforms()`,
+    timm's `create_transform` and transformers' image processors compute from the same PIL image."""
+    interp = _INTERPOLATION[p.interpolation]
+    hw, big = p.hw, p.resize_size
+    ops: list[Any] = [_Channels(p.channels)]
+    if p.resize == "resize":  # squash to img_size / crop_fraction, aspect ratio ignored
+        ops.append(T.Resize(big, interpolation=interp, antialias=True))
+        if big != hw:
+            ops.append(T.CenterCrop(hw))
+    else:  # shorter side to floor(side / crop_fraction), aspect ratio kept, centre crop
+        ops += [T.Resize(min(big), interpolation=interp, antialias=True), T.CenterCrop(hw)]
+    ops += [T.ToImage(), T.ToDtype(torch.float32, scale=True), T.Normalize(list(p.mean), list(p.std)),
+            T.ToPureTensor()]
+    return T.Compose(ops)
+
+
+def transforms_for(source: Any, **overrides: Any) -> T.Compose:
+    """The eval transform for a model, a checkpoint, or a `Preprocess`, as timm's `resolve_data_config` +
+    `create_transform` give it.
+
+    Args:
+        source: A vitlab model (its `preprocess` at its `cfg.img_size`), a checkpoint path (its stored or
+            conventional preprocessing), a `vitlab.weights.Checkpoint`, a `Preprocess`, or a dict of its fields.
+        overrides: Preprocess fields that win over the source's (e.g. interpolation="bicubic").
+
+    Returns:
+        PIL image or uint8 (C, H, W) -> normalised float32 (C, H, W). Unknown preprocessing gives the default
+        ([-1, 1], whole image, bilinear) and one PreprocessWarning.
+    """
+    return preprocess_transform(preprocess_of(source, **overrides))
+
+
+def preprocess_of(source: Any, *, what: str | None = None, **overrides: Any) -> Preprocess:
+    """The resolved Preprocess of what `transforms_for` accepts (see there); `what` names it in the warning."""
+    if isinstance(source, Preprocess):
+        return source.replace(**overrides) if overrides else source
+    if isinstance(source, Mapping):
+        return Preprocess.from_dict({**source, **overrides})
+    if isinstance(source, str | Path):
+        from ..weights.api import read_config
+        from ..weights.checkpoint import read_checkpoint
+
+        ckpt = read_checkpoint(source)
+        cfg = ckpt.config or read_config(source)
+        return resolve(ckpt.preprocess, img_size=cfg.img_size, in_chans=cfg.in_chans, overrides=overrides,
+                       what=what or str(source))
+    cfg = getattr(source, "cfg", None)
+    if hasattr(source, "state") and hasattr(source, "format"):  # a Checkpoint
+        size = source.config.img_size if source.config is not None else source.known.get("img_size")
+        return resolve(source.preprocess, img_size=size, overrides=overrides, what=what or str(source.source))
+    if cfg is None or not hasattr(cfg, "img_size"):
+        raise TypeError(f"transforms_for takes a model, a checkpoint path, a Checkpoint or a Preprocess, got "
+                        f"{type(source).__name__}")
+    return resolve(getattr(source, "preprocess", None), img_size=cfg.img_size, in_chans=cfg.in_chans,
+                   overrides=overrides, what=what or f"this {type(source).__name__}")
+
+
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     """PIL "L"/"RGB" -> uint8 (C, H, W)."""
     a = np.asarray(img, dtype=np.uint8)
@@ -161,8 +252,12 @@ def load_images(
     normalize: str = "inception",
     resize: str = "resize",
     max_pixels: int | None = None,
+    preprocess: Preprocess | None = None,
 ) -> torch.Tensor:
     """Image files -> float32 (B, C, H, W), decoded and resized as evaluation does (for predict / analyze).
+
+    `preprocess` (e.g. `vitlab.data.preprocess_of(model)`) says how; without it, `normalize` / `resize` with a
+    0.875 centre crop for "center_crop" and bilinear resizing, as the dataset pipelines do.
 
     Raises:
         BadImageError: Naming the first file that is missing, not an image, corrupt, or too large.
@@ -171,12 +266,18 @@ def load_images(
         paths = [paths]
     if not paths:
         raise ValueError("load_images needs at least one path")
-    tf = eval_transform(img_size, in_chans, normalize=normalize, resize=resize)
+    if preprocess is None:
+        preprocess = from_stats(normalize, img_size, in_chans, resize=resize,
+                                crop_fraction=0.875 if resize == "center_crop" else 1.0)
+    if preprocess.in_chans != in_chans:
+        raise ValueError(f"preprocessing gives {preprocess.in_chans} channel(s) ({preprocess.channels}) but the "
+                         f"model takes in_chans={in_chans}")
+    tf = preprocess_transform(preprocess)
     out = []
     for p in paths:
         if os.path.isdir(p):
             raise BadImageError(f"{p}: is a directory, not an image file")
         if not os.path.isfile(p):
             raise BadImageError(f"{p}: no such file")
-        out.append(tf(pil_to_tensor(decode_image(p, in_chans, max_pixels=max_pixels))))
+        out.append(tf(decode_image(p, in_chans, max_pixels=max_pixels)))
     return torch.stack(out)  # (B, C, H, W)

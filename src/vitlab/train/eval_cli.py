@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ..data.config import EVAL_RESIZE
 from ..optimize import MODES, optimize
+from ..preprocess import add_cli_arguments
 from .loop import TTA_MODES, evaluate
 
 
@@ -29,27 +29,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tta", choices=TTA_MODES, default="none",
                    help="test-time augmentation: hflip averages the probabilities of each image and its mirror "
                         "image (2x the compute); reported beside, never instead of, the single-view number")
-    p.add_argument("--eval-resize", choices=EVAL_RESIZE, default=None,
-                   help="resize: squash the whole image to the model's size; center_crop: resize the shorter side "
-                        "to size / --crop-fraction and keep the centre. Default: what the checkpoint's recipe "
-                        "recorded, else resize")
-    p.add_argument("--crop-fraction", type=float, default=None,
-                   help="fraction kept by center_crop, in (0, 1] (0.875 is the ImageNet habit); implies "
-                        "--eval-resize center_crop")
+    add_cli_arguments(p)
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
 def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batch_size: int = 256,
                         precision: str = "fp32", device: str | None = None, mode: str = "fp32",
                         tta: str = "none", eval_resize: str | None = None,
-                        crop_fraction: float | None = None) -> dict[str, Any]:
+                        crop_fraction: float | None = None, normalize: str | None = None,
+                        interpolation: str | None = None) -> dict[str, Any]:
     """Evaluate a checkpoint on `split` of the dataset `data` (a `parse_data_spec` string), optionally through a
     `vitlab.optimize` speed mode (the top-1 then measures that mode's accuracy) and with test-time augmentation
-    (`tta="hflip"`, see `evaluate`). Images are resized as the checkpoint's recipe recorded (`data.eval_resize`,
-    `data.eval_crop_fraction`) unless `eval_resize` / `crop_fraction` say otherwise (a fraction implies
-    "center_crop")."""
-    from ..data import build_eval_data, parse_data_spec
-    from ..weights import load_model, read_metadata
+    (`tta="hflip"`, see `evaluate`). Images are prepared as the checkpoint says (`vitlab.preprocess.resolve`: its
+    stored preprocessing, else its format's convention, else a default with a warning) unless `normalize`,
+    `eval_resize`, `crop_fraction` (which implies "center_crop") or `interpolation` say otherwise."""
+    from ..data import build_eval_data, parse_data_spec, preprocess_of
+    from ..preprocess import cli_overrides, data_overrides
+    from ..weights import load_model
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -59,22 +55,11 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model.to(dev)
     cfg = model.cfg
-    data_cfg = parse_data_spec(data)
-    # evaluate the way the model was trained to see its inputs (normalisation, channel expansion, eval resize)
-    try:
-        trained = ((read_metadata(checkpoint) or {}).get("recipe") or {}).get("data") or {}
-    except (ValueError, OSError):  # not one of our .safetensors files: nothing recorded, use the defaults
-        trained = {}
-    keys = ("normalize", "expand_channels", "eval_resize", "eval_crop_fraction")
-    keep = {k: trained[k] for k in keys if k in trained}
-    if eval_resize is not None:
-        keep["eval_resize"] = eval_resize
-    if crop_fraction is not None:
-        keep["eval_crop_fraction"] = crop_fraction
-        if eval_resize is None:
-            keep["eval_resize"] = "center_crop"
-    if keep:
-        data_cfg = data_cfg.replace(**keep)
+    # evaluate the way the weights expect their inputs (normalisation, channel expansion, eval resize)
+    overrides = cli_overrides(normalize=normalize, resize=eval_resize, crop_fraction=crop_fraction,
+                              interpolation=interpolation, in_chans=cfg.in_chans)
+    pre = preprocess_of(model, what=str(checkpoint), **overrides)
+    data_cfg = parse_data_spec(data).replace(**data_overrides(pre))
     ev = build_eval_data(data_cfg, split, img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=batch_size)
     if ev.num_classes != cfg.num_classes:
         raise ValueError(f"the checkpoint has {cfg.num_classes} classes but {data} has {ev.num_classes}")
@@ -84,7 +69,7 @@ def evaluate_checkpoint(checkpoint: str, data: str, *, split: str = "test", batc
     result = evaluate(net, ev, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes),
                       tta=tta)
     result.update({"checkpoint": checkpoint, "data": data, "split": split, "mode": mode, "tta": tta,
-                   "eval_resize": data_cfg.eval_resize})
+                   "eval_resize": data_cfg.eval_resize, "preprocess": pre.to_dict()})
     if data_cfg.eval_resize == "center_crop":
         result["crop_fraction"] = data_cfg.eval_crop_fraction
     return result
@@ -108,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
                                 precision=args.precision, device=args.device, mode=args.mode, tta=args.tta,
-                                eval_resize=args.eval_resize, crop_fraction=args.crop_fraction)
+                                eval_resize=args.pp_resize, crop_fraction=args.crop_fraction,
+                                normalize=args.normalize, interpolation=args.interpolation)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

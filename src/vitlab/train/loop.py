@@ -82,18 +82,58 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
 
         from ..weights import WeightsWarning, load_weights
 
-        path = recipe.init.checkpoint
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"init.checkpoint not found: {path}")
+        name = recipe.init.checkpoint  # a path, registry name, hf-hub:owner/repo, gs:// or https URL
         with warnings.catch_warnings(record=True) as caught:  # noted in the report instead (pre-logits dropped)
             warnings.simplefilter("always", WeightsWarning)
-            report = load_weights(model, path, pos_embed_resize=recipe.init.pos_embed_resize)
+            try:
+                report = load_weights(model, name, pos_embed_resize=recipe.init.pos_embed_resize)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(f"init.checkpoint: {e}") from None
         report.messages.extend(str(w.message) for w in caught if issubclass(w.category, WeightsWarning))
         if recipe.init.drop_head and isinstance(model.head, nn.Linear):
             model.reset_classifier(num_classes)  # Sec. 3.2: a zero-initialised D x K head
             report.messages.append("init.drop_head: head replaced by a zero-initialised one")
         model.init_report = report  # type: ignore[attr-defined]
     return model
+
+
+def init_preprocess(recipe: Recipe) -> Any:
+    """The preprocessing `init.checkpoint` carries (`vitlab.preprocess.Preprocess`), or None (none, or unknown)."""
+    if not recipe.init.checkpoint:
+        return None
+    from ..weights.checkpoint import read_preprocess
+
+    return read_preprocess(recipe.init.checkpoint)
+
+
+def data_config_with_init(recipe: Recipe) -> Any:
+    """The recipe's DataConfig; when fine-tuning, the checkpoint's statistics and eval resize fill the fields the
+    recipe's data section does not set (normalize, eval_resize, eval_crop_fraction): fine-tuning feeds the weights
+    pixels prepared the way they were pre-trained on unless the recipe says otherwise."""
+    from ..preprocess import data_config_fields
+
+    data = dict(recipe.data)
+    pre = init_preprocess(recipe)
+    if pre is not None:
+        try:
+            fields = data_config_fields(pre)
+        except ValueError as e:
+            if "normalize" not in data:
+                raise ValueError(f"init.checkpoint {recipe.init.checkpoint}: {e}; set data.normalize") from None
+            fields = {"eval_resize": pre.resize, "eval_crop_fraction": pre.crop_fraction}
+        data = {**fields, **data}
+    return data_config_from_dict(data)
+
+
+def _trained_preprocess(recipe: Recipe, data_cfg: Any, vit_cfg: ViTConfig) -> Any:
+    """The eval preprocessing the run's data pipeline applies, stored with every model it saves."""
+    from ..preprocess import from_data_config
+
+    try:
+        data_cfg = data_cfg or data_config_with_init(recipe)
+        return from_data_config(data_cfg, vit_cfg.img_size, vit_cfg.in_chans)
+    except (ValueError, TypeError, OSError):  # ready-made data with a recipe whose data section is a stub
+        return None
 
 
 def build_optimizer_for(model: nn.Module, recipe: Recipe) -> torch.optim.Optimizer:
@@ -441,20 +481,21 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
     micro = tr.batch_size // tr.accum_steps
     data_cfg = None
     if stream is None:
-        data_cfg = data_config_from_dict(recipe.data)
+        data_cfg = data_config_with_init(recipe)
         stream = build_train_stream(data_cfg, img_size=vit_cfg.img_size, in_chans=vit_cfg.in_chans,
                                     batch_size=micro // info.world_size, seed=tr.seed, rank=info.rank,
                                     world_size=info.world_size)
     num_classes = stream.num_classes
     classes = list(getattr(stream, "classes", None) or [str(i) for i in range(num_classes)])
     if eval_data is None and info.is_main:
-        data_cfg = data_cfg or data_config_from_dict(recipe.data)
+        data_cfg = data_cfg or data_config_with_init(recipe)
         eval_data = build_eval_data(data_cfg, tr.eval_split, img_size=vit_cfg.img_size, in_chans=vit_cfg.in_chans,
                                     batch_size=tr.eval_batch_size or micro)
     total_steps = tr.steps or max(1, math.ceil(tr.epochs * stream.epoch_size / tr.batch_size))
 
     # Model, optimizer, EMA. Every rank builds the same init (same seed); DDP also broadcasts rank 0's.
     model = build_model(recipe, num_classes=num_classes).to(info.device)
+    trained_pre = _trained_preprocess(recipe, data_cfg, vit_cfg)  # what the saved model's header will say
     for size, _ in tr.resize_schedule or []:
         if size % model.patch_embed.pixel_patch:
             raise ValueError(f"train.resize_schedule: size {size} is not a multiple of the model's "
@@ -528,6 +569,8 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
     def save_weights_to(path: Path, weights_model: nn.Module | None, extra: dict[str, Any]) -> None:
         from ..weights import save_weights
 
+        if trained_pre is not None:
+            weights_model.preprocess = trained_pre
         save_weights(weights_model, path, metadata={**meta_base, **extra})
 
     def eval_model() -> nn.Module:

@@ -280,7 +280,10 @@ class InitSection:
     """`init:` start from a checkpoint (fine-tuning).
 
     Attributes:
-        checkpoint: Path of a .safetensors checkpoint (any format `vitlab convert` reads); null: from scratch.
+        checkpoint: What to start from; null: from scratch. A path (any format `vitlab convert` reads), a
+            registry name (`vitlab weights list`), "hf-hub:owner/repo[@revision]" or a bare Hub id such as
+            "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "gs://bucket/key", or an https URL (downloaded
+            once into the cache, see `vitlab weights get`).
         drop_head: Replace the classifier by a zero-initialised one (paper Sec. 3.2) and drop the pre-logits.
         pos_embed_resize: How learned position embeddings are resampled to the new grid: jax | bilinear | bicubic.
     """
@@ -291,7 +294,7 @@ class InitSection:
 
     def validate(self) -> None:
         if self.checkpoint is not None and not isinstance(self.checkpoint, str):
-            raise ValueError(f"init.checkpoint must be a path or null, got {self.checkpoint!r}")
+            raise ValueError(f"init.checkpoint must be a path or checkpoint name, or null, got {self.checkpoint!r}")
         if not isinstance(self.drop_head, bool):
             raise ValueError(f"init.drop_head must be true or false, got {self.drop_head!r}")
         _choice("init", "pos_embed_resize", self.pos_embed_resize, RESIZE_MODES)

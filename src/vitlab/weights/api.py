@@ -11,7 +11,8 @@ from torch import nn
 
 from ..config import RESIZE_MODES, ViTConfig
 from ..model import VisionTransformer
-from . import npz, ours
+from ..preprocess import resolve as resolve_preprocess
+from . import hub, npz, ours
 from .apply import apply_state_dict
 from .checkpoint import Checkpoint, read_checkpoint
 from .infer import infer_config
@@ -31,8 +32,9 @@ def load_weights(
     """Load a checkpoint of any supported format into `model`, in place.
 
     Formats (detected from the contents): vitlab `.safetensors`, Google vit_jax `.npz` (with or without the
-    `opt/target/` prefix), timm state dicts (`.pth` / `.bin` / `.safetensors`), transformers ViT directories or
-    weight files, torchvision ViT state dicts. Pickles are read with `torch.load(weights_only=True)` only.
+    `opt/target/` prefix), big_vision ViT `.npz` (`params/...`, scanned or not), timm state dicts (`.pth` /
+    `.bin` / `.safetensors`), transformers ViT directories or weight files, torchvision ViT state dicts. Pickles
+    are read with `torch.load(weights_only=True)` only.
 
     Position embeddings on another grid are resampled on the 2-D grid (class-token row kept); a head with
     another class count is replaced by a zero-initialised one; a pre-logits layer the model lacks is dropped
@@ -40,7 +42,9 @@ def load_weights(
 
     Args:
         model: The destination, built with the architecture of the checkpoint (image size and classes may differ).
-        path: File or directory.
+        path: File or directory, or any name `vitlab.weights.hub.resolve` takes: a registry name, "hf-hub:owner/repo",
+            "gs://bucket/key", an https URL (downloaded once into the cache). A registry entry also sets
+            `model.preprocess` to the entry's preprocessing.
         pos_embed_resize: "jax" | "bilinear" | "bicubic"; default "jax" for `.npz`, "bicubic" otherwise.
         strict: Raise when tensors are missing or left over (see `apply_state_dict`).
         checkpoint_grid: The checkpoint's patch grid (gh, gw), needed only to resample a non-square table from a
@@ -57,10 +61,15 @@ def load_weights(
         raise TypeError(f"load_weights needs a vitlab VisionTransformer, got {type(model).__name__}")
     if pos_embed_resize is not None and pos_embed_resize not in RESIZE_MODES:
         raise ValueError(f"pos_embed_resize must be one of {RESIZE_MODES}, got {pos_embed_resize!r}")
-    ckpt = read_checkpoint(path)
+    resolved = hub.resolve(path)
+    ckpt = read_checkpoint(resolved.path)
     if checkpoint_grid is not None:
         ckpt.grid = tuple(checkpoint_grid)
-    return _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
+    report = _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
+    entry_pp = hub.entry_preprocess(resolved.entry)
+    if entry_pp is not None:
+        model.preprocess = resolve_preprocess(entry_pp, img_size=model.cfg.img_size, in_chans=model.cfg.in_chans)
+    return report
 
 
 def _apply(model: VisionTransformer, ckpt: Checkpoint, report: LoadReport, resize: str | None,
@@ -81,8 +90,9 @@ def save_weights(
 ) -> Path:
     """Write `model`'s weights; the format follows the suffix, and the file is written atomically.
 
-    `.safetensors`: our format, the ViTConfig and `metadata` (any JSON: recipe, metrics, class names) in the
-    header, so `load_model(path)` needs nothing else. `.npz`: Google's vit_jax names, readable by vit_jax and
+    `.safetensors`: our format, the ViTConfig, `metadata` (any JSON: recipe, metrics, class names) and
+    `model.preprocess` (the input preprocessing the weights expect, when set) in the header, so `load_model(path)`
+    needs nothing else. `.npz`: Google's vit_jax names, readable by vit_jax and
     by timm's `_load_weights` (the config is not stored; `load_model` infers it, heads included).
 
     Args:
@@ -103,7 +113,8 @@ def save_weights(
     if any(t.is_meta for t in state.values()):
         raise ValueError("the model is on the meta device (no data); materialise it before saving")
     if path.suffix == ".safetensors":
-        return ours.save_safetensors(state, path, model.cfg, metadata, overwrite)
+        return ours.save_safetensors(state, path, model.cfg, metadata, overwrite,
+                                     preprocess=getattr(model, "preprocess", None))
     if path.suffix == ".npz":
         arrays, notes = npz.from_ours(state, model.cfg)
         for note in notes:
@@ -123,15 +134,24 @@ def load_model(
 ) -> VisionTransformer | tuple[VisionTransformer, LoadReport]:
     """Build the model a checkpoint was made with and load it, from the file alone.
 
+    `path` is a file or directory or any name `vitlab.weights.hub.resolve` takes (registry name, "hf-hub:owner/repo",
+    "gs://...", https URL); a registry entry's config overrides and preprocessing apply (yours win).
+
     The architecture comes from the stored ViTConfig (our `.safetensors`, or a config.json beside the file), a
     transformers config.json, or else the tensor shapes (see `vitlab.weights.infer`); what was inferred is
     logged and listed in the report. `overrides` change config fields before loading, e.g. `num_classes=10`
     (new zero head) or `img_size=384` (position embeddings resampled).
 
     Returns:
-        The model in eval mode, and with `return_report` the LoadReport too.
+        The model in eval mode, and with `return_report` the LoadReport too. `model.preprocess` is the input
+        preprocessing the checkpoint carries or its format implies (None when unknown; see docs/weights.md).
     """
-    ckpt = read_checkpoint(path)
+    resolved = hub.resolve(path)
+    overrides = {**hub.entry_overrides(resolved.entry), **overrides}
+    ckpt = read_checkpoint(resolved.path)
+    entry_pp = hub.entry_preprocess(resolved.entry)
+    if entry_pp is not None:  # the registry's facts about the weights come before the file's convention
+        ckpt.preprocess = entry_pp
     report = LoadReport(str(ckpt.source), ckpt.format)
     if ckpt.config is not None:
         cfg = ckpt.config
@@ -156,6 +176,8 @@ def load_model(
         model = VisionTransformer(cfg)
     # strict: every parameter is then loaded, resampled, or (the head) replaced and zeroed; none is left empty
     _apply(model, ckpt, report, pos_embed_resize, strict=True, assign=True)
+    if ckpt.preprocess is not None:  # the checkpoint's own preprocessing, at the size the model is built for
+        model.preprocess = resolve_preprocess(ckpt.preprocess, img_size=cfg.img_size, in_chans=cfg.in_chans)
     model.eval()
     return (model, report) if return_report else model
 
@@ -189,8 +211,9 @@ def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The metadata stored with a checkpoint: for ours, exactly the dict given to `save_weights`; for a
-    transformers checkpoint, {"class_names": [...]} from its id2label; otherwise {}."""
-    path = Path(path)
+    transformers checkpoint, {"class_names": [...]} from its id2label; otherwise {}. `path` may be any name
+    `vitlab.weights.hub.resolve` takes."""
+    path = hub.resolve(path).path
     if path.is_file() and path.suffix == ".npz":
         return {}  # parameters only, as Google's files
     if path.is_file() and path.suffix == ".safetensors":
@@ -201,8 +224,13 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
 
 
 def read_config(path: str | Path) -> ViTConfig:
-    """The ViTConfig of a checkpoint: stored, from its config.json, or inferred from its tensor shapes."""
-    ckpt = read_checkpoint(path)
+    """The ViTConfig of a checkpoint: stored, from its config.json, or inferred from its tensor shapes (with a
+    registry entry's config overrides when `path` names one; any name `vitlab.weights.hub.resolve` takes)."""
+    resolved = hub.resolve(path)
+    over = hub.entry_overrides(resolved.entry)
+    ckpt = read_checkpoint(resolved.path)
     if ckpt.config is not None:
-        return ckpt.config
-    return infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]
+        cfg = ckpt.config
+    else:
+        cfg = infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source), img_size_hint=over.get("img_size"))[0]
+    return cfg.replace(**over) if over else cfg

@@ -8,17 +8,19 @@ torchvision) inside a `.safetensors` / `.pth` / `.bin` file.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import preprocess as pp
 from ..config import ViTConfig
-from . import hf, npz, ours, safety, timm, torchvision
+from . import big_vision, hf, npz, ours, safety, timm, torchvision
 from .report import WeightsError
 
-FORMATS = ("vitlab", "npz", "timm", "hf", "torchvision")
+FORMATS = ("vitlab", "npz", "big_vision", "timm", "hf", "torchvision")
 # Where training scripts nest the model's state dict inside a checkpoint dict.
 _NESTED = ("state_dict", "model", "model_state_dict", "module", "state_dict_ema", "model_ema")
 _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -37,6 +39,11 @@ class Checkpoint:
         grid: The checkpoint's position-embedding grid, when its config fixes it.
         meta: Free-form metadata stored with it (ours: what `save_weights` was given; transformers: class names).
         default_resize: Position-embedding resampling mode native to the format.
+        preprocess: The input preprocessing the weights expect, from the file (ours: its header; transformers:
+            preprocessor_config.json; timm hub: config.json's pretrained_cfg) or the format's convention (vit_jax
+            `.npz`: [-1, 1], whole image; torchvision: ImageNet statistics, shorter side 256, crop 224); None when
+            unknown (a bare timm or transformers state dict). Its img_size is the checkpoint's own; the resolver
+            (`vitlab.preprocess.resolve`) puts the model's in its place.
     """
 
     source: Path
@@ -47,6 +54,39 @@ class Checkpoint:
     grid: tuple[int, int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     default_resize: str = "bicubic"
+    preprocess: pp.Preprocess | None = None
+
+    def __post_init__(self) -> None:
+        if self.preprocess is None:
+            self.preprocess = _convention(self)
+
+
+def _convention(ckpt: Checkpoint) -> pp.Preprocess | None:
+    """The preprocessing a format implies when the file does not say (None: the format has no single one)."""
+    if ckpt.format not in ("npz", "big_vision", "torchvision"):
+        return None
+    size = _img_size(ckpt)
+    if ckpt.format == "torchvision":
+        # ViT_*_Weights.IMAGENET1K_V1 at 224: shorter side 256, crop 224, bilinear; the SWAG_E2E weights at 384 /
+        # 512 / 518: resize = crop, bicubic (ViT_L_16 V1's 242 and SWAG_LINEAR need their registry entry)
+        if size == 224:
+            return pp.torchvision_classification(224, 256, "bilinear", "torchvision convention (IMAGENET1K_V1)")
+        return pp.torchvision_classification(size, size, "bicubic", "torchvision convention (SWAG_E2E_V1)")
+    return pp.vit_jax(size)
+
+
+def _img_size(ckpt: Checkpoint) -> int | tuple[int, int]:
+    """The checkpoint's input size: its config, what it states, or its position-embedding grid; else 224."""
+    if ckpt.config is not None:
+        return ckpt.config.img_size
+    if "img_size" in ckpt.known:
+        return ckpt.known["img_size"]
+    from .infer import infer_config
+
+    try:
+        return infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0].img_size
+    except (WeightsError, ValueError, KeyError, IndexError):
+        return 224
 
 
 def read_checkpoint(path: str | Path) -> Checkpoint:
@@ -64,15 +104,20 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if path.is_dir():
         return _read_dir(path)
     if path.suffix == ".npz":
-        state, hints = npz.to_ours(safety.np_load(path), src)
+        arrays = safety.np_load(path)
+        if big_vision.matches(arrays):  # params/ prefix, top-level pos_embedding, scanned blocks, MAP head
+            state, hints = big_vision.to_ours(arrays, src)
+            return Checkpoint(path, "big_vision", state, known=hints, default_resize="jax")  # scipy zoom, order 1
+        state, hints = npz.to_ours(arrays, src)
         return Checkpoint(path, "npz", state, known=hints, default_resize="jax")
     if path.suffix == ".safetensors":
         header = ours.read_header(path)
         tensors = ours.load_tensors(path)
         if ours.CONFIG_KEY in header:
             cfg = ours.read_config(path)
+            meta = ours.read_meta(path)
             return Checkpoint(path, "vitlab", timm.to_ours(tensors, src), config=cfg, grid=cfg.grid_size,
-                              meta=ours.read_meta(path))
+                              meta=meta, preprocess=ours.read_preprocess(path, header) or _from_recipe(meta, cfg))
     else:
         tensors = _unwrap(safety.torch_load(path), src)
     ckpt = _from_tensors(tensors, path)
@@ -146,6 +191,7 @@ def _config_beside(ckpt: Checkpoint) -> None:
     if hf.is_hf_config(data):
         if ckpt.format != "hf":
             return  # someone else's config; the tensors speak for themselves
+        _processor_beside(ckpt, base)
         known = hf.config_from_hf(data, str(file))
         if "class_names" in known:
             ckpt.meta["class_names"] = known.pop("class_names")
@@ -154,6 +200,9 @@ def _config_beside(ckpt: Checkpoint) -> None:
             img = known["img_size"]
             h, w = img if isinstance(img, tuple) else (img, img)
             ckpt.grid = (h // known["patch_size"], w // known["patch_size"])
+        return
+    if isinstance(data, dict) and isinstance(data.get("pretrained_cfg"), dict):
+        _timm_config(ckpt, data, file)
         return
     for key in (ours.CONFIG_KEY, "config", "model"):
         if isinstance(data, dict) and isinstance(data.get(key), dict):
@@ -165,3 +214,79 @@ def _config_beside(ckpt: Checkpoint) -> None:
         return  # not a ViTConfig: ignore it rather than guess
     ckpt.config = cfg
     ckpt.grid = cfg.grid_size
+
+
+def _from_recipe(meta: dict[str, Any], cfg: ViTConfig) -> pp.Preprocess | None:
+    """Files `vitlab train` wrote before the header held the preprocessing: the recipe's data section says it."""
+    data = (meta.get("recipe") or {}).get("data") if isinstance(meta.get("recipe"), dict) else None
+    if not isinstance(data, dict):
+        return None
+    center = data.get("eval_resize") == "center_crop"
+    try:
+        return pp.from_stats(
+            data.get("normalize", "inception"), cfg.img_size, cfg.in_chans,
+            resize="center_crop" if center else "resize",
+            crop_fraction=float(data.get("eval_crop_fraction", 0.875)) if center else 1.0,
+            channels="grey" if cfg.in_chans == 1 else ("grey_to_rgb" if data.get("expand_channels") else "rgb"),
+            source="the recipe stored in the metadata")
+    except (ValueError, TypeError):
+        return None
+
+
+def _processor_beside(ckpt: Checkpoint, base: Path) -> None:
+    """transformers' preprocessor_config.json next to the weights -> ckpt.preprocess."""
+    file = base / "preprocessor_config.json"
+    if not file.exists():
+        return
+    try:
+        ckpt.preprocess = pp.from_hf_processor(json.loads(file.read_text()), str(file))
+    except (OSError, json.JSONDecodeError, ValueError) as e:
+        raise WeightsError(f"{file}: unreadable preprocessor config beside the checkpoint: {e}") from e
+
+
+def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
+    """A timm hub config.json ({"architecture", "num_classes", "pretrained_cfg": {...}}): the preprocessing, the
+    class count, and the patch size / input size its architecture name states (vit_base_patch16_224)."""
+    if ckpt.format not in ("timm", "npz", "big_vision"):
+        return
+    try:
+        ckpt.preprocess = pp.from_timm_cfg(data["pretrained_cfg"], f"{file} pretrained_cfg")
+    except ValueError as e:
+        raise WeightsError(str(e)) from e
+    arch = str(data.get("architecture", ""))
+    m = re.search(r"patch(\d+)_(\d+)", arch)
+    if m and "_r50_" not in arch and "resnet" not in arch:  # hybrids name the ResNet stride, not the patch
+        ckpt.known.setdefault("patch_size", int(m.group(1)))
+    size = data["pretrained_cfg"].get("input_size")
+    if isinstance(size, list | tuple) and len(size) == 3:
+        ckpt.known.setdefault("img_size", size[1] if size[1] == size[2] else (size[1], size[2]))
+    elif m:
+        ckpt.known.setdefault("img_size", int(m.group(2)))
+    num_classes = data.get("num_classes", data["pretrained_cfg"].get("num_classes"))
+    if isinstance(num_classes, int) and not isinstance(num_classes, bool):
+        ckpt.known.setdefault("num_classes", num_classes)
+    names = data.get("label_names")
+    if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
+        ckpt.meta.setdefault("class_names", names)
+
+
+def read_preprocess(name_or_path: str | Path) -> pp.Preprocess | None:
+    """The preprocessing a checkpoint carries or its format implies (None when unknown), without building a model.
+
+    A registry name's entry states it; a vitlab `.safetensors` file is read from its header only.
+    """
+    path, entry = Path(name_or_path), None
+    if not path.exists():
+        from .hub import resolve
+
+        resolved = resolve(name_or_path)
+        path, entry = resolved.path, resolved.entry
+    if entry is not None and getattr(entry, "preprocess", None):
+        return pp.Preprocess.from_dict(entry.preprocess)
+    if path.is_file() and path.suffix == ".safetensors":
+        header = ours.read_header(path)
+        if ours.CONFIG_KEY in header:
+            found = ours.read_preprocess(path, header)
+            if found is not None:
+                return found
+    return read_checkpoint(path).preprocess

@@ -107,6 +107,9 @@ def infer_config(
         inferred["pos_embed"] = "none"
         notes.append("no position-embedding tensor: built with pos_embed='none' (pass pos_embed='sincos2d' if the "
                      "model used fixed sin-cos embeddings)")
+    elif "img_size" not in known and img_size_hint is None:  # e.g. big_vision's posemb="sincos2d"
+        notes.append(f"pos_embed={known['pos_embed']!r} stores no table, so the file does not fix the input size: "
+                     "img_size=224 assumed (pass img_size=... if it was trained at another)")
     if "num_heads" not in known:
         row = next((name for name, r in _WIDTHS.items() if r["embed_dim"] == D), None)
         if row is not None:

@@ -4,6 +4,7 @@ Header metadata (all strings, as safetensors requires):
     "format": "pt"
     "vitlab.config": the ViTConfig as JSON (`ViTConfig.to_dict()`)
     "vitlab.meta": free-form JSON from the caller (recipe, metrics, class names, ...)
+    "vitlab.preprocess": the `Preprocess` the weights expect (`Preprocess.to_dict()` as JSON), when known
     "vitlab.version": the vitlab version that wrote it
 Tensor names are the model's own (timm's), so the file also loads into timm with `load_state_dict`.
 """
@@ -19,12 +20,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
 from ..config import ViTConfig
+from ..preprocess import Preprocess
 from .atomic import atomic_output
 from .report import WeightsError
 
 CONFIG_KEY = "vitlab.config"
 META_KEY = "vitlab.meta"
 VERSION_KEY = "vitlab.version"
+PREPROCESS_KEY = "vitlab.preprocess"
 
 
 def save_safetensors(
@@ -33,8 +36,10 @@ def save_safetensors(
     cfg: ViTConfig | None = None,
     metadata: dict[str, Any] | None = None,
     overwrite: bool = False,
+    preprocess: Preprocess | None = None,
 ) -> Path:
-    """Write `state` to `path` atomically with the config and `metadata` (JSON-serialisable) in the header."""
+    """Write `state` to `path` atomically with the config, `metadata` (JSON-serialisable) and the preprocessing
+    in the header."""
     from .. import __version__
 
     header = {"format": "pt", VERSION_KEY: __version__}
@@ -45,6 +50,8 @@ def save_safetensors(
             header[META_KEY] = json.dumps(metadata)
         except TypeError as e:
             raise TypeError(f"metadata must be JSON-serialisable (dicts, lists, str, numbers): {e}") from None
+    if preprocess is not None:
+        header[PREPROCESS_KEY] = json.dumps(preprocess.to_dict())
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     path = Path(path)
     with atomic_output(path, overwrite) as tmp:
@@ -73,6 +80,17 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     """The free-form metadata given to `save_weights` (empty when none was given)."""
     text = read_header(path).get(META_KEY)
     return {} if text is None else json.loads(text)
+
+
+def read_preprocess(path: str | Path, header: dict[str, str] | None = None) -> Preprocess | None:
+    """The Preprocess stored in a .safetensors header, or None when the file does not say."""
+    text = (read_header(path) if header is None else header).get(PREPROCESS_KEY)
+    if text is None:
+        return None
+    try:
+        return Preprocess.from_dict(json.loads(text))
+    except (ValueError, TypeError) as e:
+        raise WeightsError(f"{path}: bad {PREPROCESS_KEY} in the header: {e}") from e
 
 
 def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:

@@ -24,7 +24,7 @@ class LoadReport:
 
     Attributes:
         source: The file or directory read.
-        format: "vitlab", "npz", "timm", "hf" or "torchvision".
+        format: "vitlab", "npz", "big_vision", "timm", "hf" or "torchvision".
         loaded: Model parameter names filled from the checkpoint.
         resampled: Parameter name -> "old shape -> new shape (mode)" for resampled position embeddings.
         replaced: Parameters kept at their fresh (zero) initialisation because the checkpoint's differ in shape

@@ -1,0 +1,168 @@
+"""Google's big_vision ViT `.npz` checkpoints, read into our names.
+
+big_vision (github.com/google-research/big_vision, `big_vision/models/vit.py`) keeps vit_jax's parameter tree
+with a few differences, all undone here before the tree goes through the vit_jax reader (`npz.to_ours`):
+
+- Keys are "/"-joined under `params/` (its trainer saved `{"params": ..., "opt": ...}`; optimizer state and
+  other top-level entries are ignored), or under `params/img/` for the image tower of a two-tower model; files
+  shared as bare parameters have no prefix.
+- The learned position table is `pos_embedding` at the top (older files: `Transformer/pos_embedding`), added
+  to the patches *before* the class token `cls` is prepended, so the class token has no row of its own: ours
+  gets a zero row in front. Files from before 2022 have a row for the class token (N + 1 rows, N square),
+  which is then used as is, as big_vision's `fix_old_checkpoints` does.
+- `posemb="sincos2d"` stores no table: the fixed 2-D sin-cos embedding (ours is the same function, see
+  `vitlab.posembed.sincos_2d`), so the file does not fix the input size.
+- Blocks are named as current flax numbers submodules (`LayerNorm_0`, `MultiHeadDotProductAttention_0`,
+  `LayerNorm_1`, `MlpBlock_0`); the released vit_jax names are accepted too, as big_vision's loader does.
+- A model trained with `scan=True` stores one `Transformer/encoderblock` whose tensors carry the depth as a
+  leading axis; it is split into `encoderblock_{i}`.
+- `pool_type`: "tok" has `cls` (ours: pool="token"); "gap", the default, has none (ours: pool="gap"); "map"
+  adds a `MAPHead_0` attention-pooling head, which vitlab's ViT cannot express, so such a file is refused
+  naming that tensor. ("0", the first token of a model without `cls`, leaves no trace in the file and is read
+  as "gap".)
+- `rep_size` gives `pre_logits` (Dense + tanh, as ours); the classifier is `head`.
+- bfloat16 arrays, which `np.savez` stores as 2-byte void, are widened to float32.
+
+big_vision's MLP uses flax's default GELU, the tanh approximation; vitlab's is exact, which moves logits by
+about 1e-4 on the tiny test models (tests/test_weights_big_vision.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import npz
+from .report import WeightsError
+
+PREFIXES = ("params/img/", "params/")
+_POS_KEYS = ("pos_embedding", "Transformer/pos_embedding", "Transformer/posembed_input/pos_embedding")
+_VIT_JAX_POS = "Transformer/posembed_input/pos_embedding"
+_TOP = re.compile(r"embedding/(kernel|bias)|cls|Transformer/encoder_norm/(scale|bias)|(pre_logits|head)/(kernel|bias)")
+_BLOCK = re.compile(r"Transformer/encoderblock(?:_(\d+))?/([^/]+)/(.+)")
+# A block's submodule -> vit_jax's name for it (what npz.to_ours reads); big_vision's current names and the old ones.
+_SUBMODULE = {
+    "LayerNorm_0": "LayerNorm_0", "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3",
+    "MultiHeadDotProductAttention_1": "MultiHeadDotProductAttention_1", "LayerNorm_2": "LayerNorm_2",
+    "MlpBlock_3": "MlpBlock_3",
+}
+_LEAF = {
+    "LayerNorm": re.compile(r"(scale|bias)"),
+    "MultiHeadDotProductAttention": re.compile(r"(query|key|value|out)/(kernel|bias)"),
+    "MlpBlock": re.compile(r"Dense_[01]/(kernel|bias)"),
+}
+
+
+def matches(keys: Iterable[str]) -> bool:
+    """True for a big_vision archive: a `params/` prefix, or bare parameters with a part vit_jax never has."""
+    keys = set(keys)
+    if any(k.startswith("params/") for k in keys):
+        return True
+    if any(k in ("pos_embedding", "Transformer/pos_embedding", "probe") or k.startswith(
+            ("Transformer/encoderblock/", "MAPHead_")) for k in keys):
+        return True
+    # Encoder blocks without a table: vit_jax always stores Transformer/posembed_input/pos_embedding, while
+    # big_vision's posemb="sincos2d" stores none.
+    return "embedding/kernel" in keys and _VIT_JAX_POS not in keys and any(
+        k.startswith("Transformer/encoderblock_") for k in keys)
+
+
+def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Convert a big_vision ViT archive to our tensors; also returns the config fields it fixes.
+
+    Raises:
+        WeightsError: a part vitlab's ViT cannot express (MAP head) or an unknown tensor, named as in the file.
+    """
+    params, prefix = _params(arrays, source)
+    if "probe" in params or any(k.startswith("MAPHead_") for k in params):
+        heads = sorted(k for k in params if k == "probe" or k.startswith("MAPHead_"))
+        name = next((k for k in heads if k.endswith("probe")), heads[0])  # the learned query names it best
+        raise WeightsError(
+            f"{source}: {prefix}{name}: a big_vision attention-pooling head (pool_type='map'), which vitlab's ViT "
+            "cannot express (it pools by class token or average: pool='token' | 'gap'); timm's "
+            "VisionTransformer(global_pool='map') reads this file")
+    out: dict[str, np.ndarray] = {}
+    scanned: dict[str, np.ndarray] = {}
+    pos = None
+    for key, a in params.items():
+        a = _widen(a)
+        if key in _POS_KEYS:
+            if pos is not None:
+                raise WeightsError(f"{source}: {prefix}{key}: a second position table (found {prefix}{pos[0]})")
+            pos = (key, a)
+        elif _TOP.fullmatch(key):
+            out[key] = a
+        elif m := _BLOCK.fullmatch(key):
+            index, module, leaf = m.groups()
+            kind = module.rsplit("_", 1)[0]
+            if module not in _SUBMODULE or not _LEAF[kind].fullmatch(leaf):
+                raise WeightsError(f"{source}: unknown big_vision ViT parameter {prefix + key!r}")
+            name = f"{_SUBMODULE[module]}/{leaf}"
+            if index is None:
+                scanned[name] = a
+            else:
+                out[f"Transformer/encoderblock_{index}/{name}"] = a
+        else:
+            raise WeightsError(f"{source}: unknown big_vision ViT parameter {prefix + key!r}")
+    if scanned:
+        if any(k.startswith("Transformer/encoderblock_") for k in out):
+            raise WeightsError(f"{source}: both a scanned {prefix}Transformer/encoderblock and numbered "
+                               "encoderblock_{i}: not one model")
+        out |= _unscan(scanned, source, prefix)
+    if "embedding/kernel" not in out:
+        raise WeightsError(f"{source}: no {prefix}embedding/kernel: not a big_vision ViT")
+    hints: dict[str, Any] = {}
+    if pos is None:
+        hints["pos_embed"] = "sincos2d"  # big_vision's posemb="sincos2d" stores nothing
+    else:
+        out[_VIT_JAX_POS] = _with_class_row(pos[1], "cls" in out, f"{prefix}{pos[0]}", source)
+    state, npz_hints = npz.to_ours(out, source)
+    return state, {**npz_hints, **hints}
+
+
+def _params(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, np.ndarray], str]:
+    """The parameter tree (prefix removed) and the prefix it had."""
+    for prefix in PREFIXES:
+        if prefix + "embedding/kernel" in arrays:
+            return {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}, prefix
+    if any(k.startswith("params/") for k in arrays):
+        sample = ", ".join(sorted(k for k in arrays if k.startswith("params/"))[:4])
+        raise WeightsError(f"{source}: a big_vision checkpoint without params/embedding/kernel: not a ViT "
+                           f"(first parameters: {sample})")
+    return dict(arrays), ""
+
+
+def _widen(a: np.ndarray) -> np.ndarray:
+    """bfloat16 saved by np.savez comes back as 2-byte void: reinterpret it and widen to float32 (exact)."""
+    if a.dtype.kind == "V" and a.dtype.itemsize == 2:
+        return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return a
+
+
+def _unscan(scanned: dict[str, np.ndarray], source: str, prefix: str) -> dict[str, np.ndarray]:
+    """One scanned block (depth on axis 0 of every tensor) -> encoderblock_{i} for i < depth."""
+    depths = {name: a.shape[0] if a.ndim else 0 for name, a in scanned.items()}
+    depth = max(set(depths.values()), key=list(depths.values()).count)
+    for name, d in depths.items():
+        if d != depth:
+            raise WeightsError(f"{source}: {prefix}Transformer/encoderblock/{name} has shape "
+                               f"{scanned[name].shape}; the scanned block's other tensors have depth {depth} first")
+    return {f"Transformer/encoderblock_{i}/{name}": a[i] for name, a in scanned.items() for i in range(depth)}
+
+
+def _with_class_row(pos: np.ndarray, has_cls: bool, name: str, source: str) -> np.ndarray:
+    """big_vision's (1, N, D) patch table as ours, (1, 1 + N, D) with the class token's row first when it has one."""
+    if pos.ndim != 3 or pos.shape[0] != 1:
+        raise WeightsError(f"{source}: {name} has shape {pos.shape}; expected (1, tokens, width)")
+    n = pos.shape[1]
+    old_layout = n > 1 and int(np.sqrt(n - 1)) ** 2 + 1 == n  # before 2022: a row for the class token, first
+    if old_layout:
+        return pos if has_cls else pos[:, 1:]  # without a class token that row was never used
+    if has_cls:
+        return np.concatenate([np.zeros_like(pos[:, :1]), pos], axis=1)  # the class token gets no position
+    return pos

@@ -1,0 +1,687 @@
+"""Names to local files: a path, a registry name, a Hugging Face Hub repo, or a gs:// / http(s) URL.
+
+    resolve("run/final.safetensors")                          # a local file or directory, as is
+    resolve("hf-hub:google/vit-base-patch16-224")            # the Hub, through huggingface_hub and its cache
+    resolve("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k")  # a registry name, or a bare Hub repo id
+    resolve("gs://vit_models/imagenet21k/ViT-B_16.npz")     # https://storage.googleapis.com/vit_models/...
+    resolve("https://host/w.pth#sha256=0123abcd")            # a URL, checked against the digest (or its prefix)
+
+Hub repos go through `huggingface_hub` (its cache, `HF_HUB_CACHE`, `HF_HUB_OFFLINE`, `HF_TOKEN` or the login
+token for gated repos); only the files a ViT needs are fetched: `config.json`, `preprocessor_config.json` when
+there is one, and `model.safetensors` (else `pytorch_model.bin`).
+
+Plain URLs are cached under `cache_root()` (`$VITLAB_CACHE`, else `$XDG_CACHE_HOME/vitlab`, else
+`~/.cache/vitlab`) at `<host>/<path of the URL>`. A download goes to `<file>.part` (resumed with an HTTP Range
+request after a dropped connection; restarted when the server ignores Range), is checked against the sha256 the
+registry or the URL gives, and only then renamed onto its final name; a lock file keeps two processes from
+writing the same file. So a file in the cache is always complete and, where a checksum is known, verified.
+Offline (`VITLAB_OFFLINE=1` or `HF_HUB_OFFLINE=1`) nothing is downloaded, and a missing file is reported with
+the exact path to put it at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import http.client
+import inspect
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .report import WeightsError
+
+if TYPE_CHECKING:
+    from .registry import Entry
+
+log = logging.getLogger("vitlab.weights")
+
+HF_PREFIX = "hf-hub:"
+GCS_PREFIX = "gs://"
+GCS_HTTPS = "https://storage.googleapis.com/"
+# What a ViT needs from a Hub repo: transformers' and timm's repos both have config.json beside the weights.
+HUB_CONFIG = ("config.json", "preprocessor_config.json")
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+# A name ending in one of these is a file the user meant, never a Hub repo id.
+_FILE_SUFFIXES = (".safetensors", ".npz", ".pth", ".pt", ".bin", ".ckpt", ".json")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*(@[\w./-]+)?")
+_HEX = re.compile(r"[0-9a-f]+")
+_TRUE = ("1", "true", "yes", "on")
+
+# Plain downloads: seconds per socket operation, retries on transient errors, first back-off delay (doubles).
+TIMEOUT = 30.0
+RETRIES = 3
+BACKOFF = 1.0
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a name led.
+
+    Attributes:
+        path: The local file or directory to read (a Hub repo: the snapshot directory with config.json).
+        entry: The registry entry when the name is one (its config overrides and preprocessing apply).
+    """
+
+    path: Path
+    entry: Entry | None = None
+
+
+@dataclass(frozen=True)
+class Location:
+    """What a name means, before anything is fetched.
+
+    Attributes:
+        kind: "path" | "hub" | "url".
+        text: The name as given.
+        path: kind "path": the local path.
+        repo_id: kind "hub": "owner/repo".
+        revision: kind "hub": branch, tag or commit (None: main).
+        filename: kind "hub": the weights file to take (None: model.safetensors, else pytorch_model.bin).
+        url: kind "url": the https URL (gs:// mapped, #fragment removed).
+        sha256: Full sha256 hex digest or a prefix of one, to check the bytes against (None: unknown).
+    """
+
+    kind: str
+    text: str
+    path: Path | None = None
+    repo_id: str | None = None
+    revision: str | None = None
+    filename: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+
+
+# -- environment ------------------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """vitlab's download cache: `$VITLAB_CACHE`, else `$XDG_CACHE_HOME/vitlab`, else `~/.cache/vitlab`."""
+    if os.environ.get("VITLAB_CACHE"):
+        return Path(os.environ["VITLAB_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(base).expanduser() / "vitlab"
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face Hub cache as the environment says now (`HF_HUB_CACHE`, else `HF_HOME/hub`, else the
+    library's default); read at call time, so a variable set after import still counts."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.path.expandvars(os.environ[var])).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def offline_reason() -> str | None:
+    """The variable that switches downloads off (`VITLAB_OFFLINE`, `HF_HUB_OFFLINE`), or None when online."""
+    for var in ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in _TRUE:
+            return f"{var}={os.environ[var]}"
+    return None
+
+
+# -- names ------------------------------------------------------------------------------------------------
+
+
+def _registry() -> Any:
+    """The registry module (imported on first use: it loads its table)."""
+    from . import registry
+
+    return registry
+
+
+def locate(name: str | os.PathLike[str]) -> tuple[Location, Entry | None]:
+    """Parse a name into a Location (no network, nothing downloaded), with its registry entry if it is one.
+
+    Order: an existing local path; a registry name, alias or URL; "hf-hub:owner/repo[@rev]"; "gs://bucket/key";
+    an http(s) URL; a bare "owner/repo[@rev]" that does not exist locally (a Hub repo id).
+
+    Raises:
+        FileNotFoundError: none of these (the message says what was tried and suggests close registry names).
+    """
+    if isinstance(name, os.PathLike):
+        path = Path(name)
+        if not path.exists():
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        return Location("path", str(name), path=path), None
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(f"a checkpoint name must be a path or a non-empty string, got {name!r}")
+    text = name.strip()
+    if os.path.exists(os.path.expanduser(text)):
+        return Location("path", text, path=Path(text).expanduser()), None
+    entry = _registry().find(text)
+    if entry is not None:
+        loc = _parse_location(entry.url, text)
+        if loc is None or loc.kind == "path":
+            raise WeightsError(f"registry entry {entry.name!r} has an unusable url {entry.url!r}")
+        sha = _entry_sha256(entry) or loc.sha256
+        return Location(loc.kind, text, repo_id=loc.repo_id, revision=loc.revision,
+                        filename=entry.filename or loc.filename, url=loc.url, sha256=sha), entry
+    loc = _parse_location(text, text)
+    if loc is not None:
+        return loc, None
+    if not text.endswith(_FILE_SUFFIXES) and _REPO_ID.fullmatch(text):
+        repo, _, rev = text.partition("@")
+        return Location("hub", text, repo_id=repo, revision=rev or None), None
+    raise FileNotFoundError(_not_found(text))
+
+
+def _parse_location(text: str, original: str) -> Location | None:
+    """hf-hub:, gs:// and http(s) locations; None for anything else."""
+    if text.startswith(HF_PREFIX):
+        repo, _, rev = text[len(HF_PREFIX):].partition("@")
+        if not _REPO_ID.fullmatch(repo):
+            raise WeightsError(f"{original}: a Hub name is hf-hub:owner/repo[@revision], got {text!r}")
+        return Location("hub", original, repo_id=repo, revision=rev or None)
+    if text.startswith(GCS_PREFIX):
+        bucket_key = text[len(GCS_PREFIX):]
+        if "/" not in bucket_key.strip("/"):
+            raise WeightsError(f"{original}: a Cloud Storage name is gs://bucket/key, got {text!r}")
+        return _url_location(GCS_HTTPS + urllib.parse.quote(bucket_key, safe="/#=%"), original)
+    if re.match(r"https?://", text, re.IGNORECASE):
+        return _url_location(text, original)
+    return None
+
+
+def _url_location(url: str, original: str) -> Location:
+    base, _, fragment = url.partition("#")
+    sha = None
+    if fragment:
+        m = re.fullmatch(r"sha256=([0-9A-Fa-f]{8,64})", fragment)
+        if m is None:
+            raise WeightsError(f"{original}: the only URL fragment understood is #sha256=<hex digest or prefix>, "
+                               f"got #{fragment}")
+        sha = m.group(1).lower()
+    return Location("url", original, url=base, sha256=sha)
+
+
+def _entry_sha256(entry: Entry) -> str | None:
+    for value in (getattr(entry, "sha256", None), getattr(entry, "sha256_prefix", None)):
+        if value:
+            value = str(value).lower()
+            if not _HEX.fullmatch(value):
+                raise WeightsError(f"registry entry {entry.name!r}: checksum {value!r} is not hex")
+            return value
+    return None
+
+
+def _close_names(text: str) -> str:
+    names: list[str] = []
+    for e in _registry().list_entries():
+        names += [e.name, *e.aliases]
+    close = difflib.get_close_matches(text, names, n=3, cutoff=0.6)
+    return f"; close registry names: {', '.join(close)}" if close else "; `vitlab weights list` shows the registry"
+
+
+def _not_found(text: str) -> str:
+    return (f"no checkpoint named {text!r}: not a local file or directory, not a registry name, not a URL "
+            f"(https://..., gs://bucket/key) and not a Hub id (hf-hub:owner/repo){_close_names(text)}")
+
+
+def _bare_repo_tried(text: str) -> str:
+    return (f"{text!r} is not a local file or directory and not a registry name{_close_names(text)}; "
+            "tried it as a Hugging Face Hub repo")
+
+
+# -- resolve ----------------------------------------------------------------------------------------------
+
+
+def resolve(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
+            progress: bool = True) -> Resolved:
+    """The local file or directory a name refers to, downloading it (once) if needed.
+
+    Args:
+        name_or_path: A local path, a registry name or alias, "hf-hub:owner/repo[@revision]", a bare
+            "owner/repo" (when no such local path exists), "gs://bucket/key", or an http(s) URL (optionally
+            ending in "#sha256=<digest or prefix>").
+        cache_dir: Folder for plain URL downloads instead of `cache_root()`. Hub repos always use the Hub's cache.
+        progress: Show a progress bar on stderr (only when it is a terminal).
+
+    Returns:
+        The local path and, for a registry name, its entry.
+
+    Raises:
+        FileNotFoundError: an unknown name.
+        WeightsError: a failed, corrupt or (offline) impossible download; the message says what to do.
+    """
+    loc, entry = locate(name_or_path)
+    if loc.kind == "path":
+        assert loc.path is not None
+        return Resolved(loc.path, None)
+    if loc.kind == "hub":
+        try:
+            return Resolved(hub_download(loc, progress=progress), entry)
+        except WeightsError as e:
+            if entry is not None or loc.text.startswith(HF_PREFIX):
+                raise
+            raise WeightsError(f"{_bare_repo_tried(loc.text)}: {e}") from e
+    return Resolved(url_download(loc, cache_dir=cache_dir, progress=progress), entry)
+
+
+def fetch_to(name_or_path: str | os.PathLike[str], out_dir: str | os.PathLike[str], *,
+             progress: bool = True) -> Resolved:
+    """Like `resolve`, but the files end up in `out_dir` as plain files (for `vitlab weights get -o DIR`).
+
+    URLs: `out_dir/<file name>` (copied from the cache when it is there, else downloaded straight to it);
+    Hub repos: the needed files in `out_dir` (huggingface_hub's `local_dir`); local paths: copied.
+    """
+    out = Path(out_dir)
+    loc, entry = locate(name_or_path)
+    if loc.kind == "hub":
+        return Resolved(hub_download(loc, local_dir=out, progress=progress), entry)
+    if loc.kind == "url":
+        assert loc.url is not None
+        dest = out / url_cache_path(loc.url, Path(".")).name
+        cached = url_cache_path(loc.url, cache_root())
+        if cached.is_file() and not dest.exists():
+            _check_cached(cached, loc.sha256)
+            _copy_atomic(cached, dest)
+        return Resolved(download_url(loc.url, dest, sha256=loc.sha256, progress=progress), entry)
+    assert loc.path is not None
+    dest = out / loc.path.name
+    if dest.exists():
+        raise FileExistsError(f"{dest} already exists")
+    if loc.path.is_dir():
+        shutil.copytree(loc.path, dest)
+    else:
+        _copy_atomic(loc.path, dest)
+    return Resolved(dest, None)
+
+
+def entry_overrides(entry: Entry | None) -> dict[str, Any]:
+    """The ViTConfig fields a registry entry fixes (JSON lists made tuples); {} without an entry."""
+    if entry is None or not entry.config:
+        return {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in dict(entry.config).items()}
+
+
+def entry_preprocess(entry: Entry | None) -> Any:
+    """A registry entry's preprocessing as a `vitlab.preprocess.Preprocess`, or None."""
+    if entry is None or not entry.preprocess:
+        return None
+    from ..preprocess import Preprocess
+
+    if isinstance(entry.preprocess, Preprocess):
+        return entry.preprocess
+    facts = dict(entry.preprocess)
+    facts.setdefault("source", f"registry entry {entry.name}")
+    if getattr(entry, "img_size", None) is not None:
+        facts.setdefault("img_size", entry.img_size)
+    try:
+        return Preprocess.from_dict(facts)
+    except (TypeError, ValueError) as e:
+        raise WeightsError(f"registry entry {entry.name!r}: bad preprocess: {e}") from e
+
+
+# -- the Hugging Face Hub ---------------------------------------------------------------------------------
+
+
+def hub_download(loc: Location, *, local_dir: Path | None = None, progress: bool = True) -> Path:
+    """Fetch a Hub repo's config and weights through huggingface_hub; returns the folder holding them (the file,
+    when the registry names a weights file other than the usual two)."""
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    except ImportError as e:  # pragma: no cover - a dependency
+        raise WeightsError(f"{loc.text}: reading from the Hugging Face Hub needs huggingface_hub ({e})") from e
+    assert loc.repo_id is not None
+    repo, offline = loc.repo_id, offline_reason()
+    where = f"hf-hub:{repo}" + (f"@{loc.revision}" if loc.revision else "")
+    kwargs: dict[str, Any] = dict(revision=loc.revision, local_files_only=offline is not None,
+                                  endpoint=os.environ.get("HF_ENDPOINT") or None)  # a mirror, read at call time
+    if local_dir is not None:
+        kwargs["local_dir"] = local_dir
+    else:
+        kwargs["cache_dir"] = hf_cache_dir()
+    if (not progress or not sys.stderr.isatty()) and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
+        kwargs["tqdm_class"] = _quiet_tqdm()
+
+    def get(filename: str) -> Path | None:
+        """The local file, or None when the repo has no such file (or, offline, the cache does not)."""
+        try:
+            return Path(hf_hub_download(repo, filename, **kwargs))
+        except GatedRepoError as e:
+            raise WeightsError(f"{where} is gated: accept its terms at https://huggingface.co/{repo}, then log in "
+                               "(`hf auth login`) or set HF_TOKEN") from e
+        except RepositoryNotFoundError as e:
+            raise WeightsError(f"{where}: no such Hub repo (or it is private: log in with `hf auth login` or set "
+                               "HF_TOKEN)") from e
+        except RevisionNotFoundError as e:
+            raise WeightsError(f"{where}: the repo has no revision {loc.revision!r}") from e
+        except LocalEntryNotFoundError:
+            if offline is None and not _hub_cached_any(repo, loc.revision, local_dir):
+                raise _hub_unreachable(loc, where, "the Hub cannot be reached") from None
+            return None
+        except EntryNotFoundError:
+            return None
+
+    if loc.filename is not None and loc.filename not in HUB_WEIGHTS:
+        names = (loc.filename,)
+    else:
+        names = (loc.filename,) if loc.filename else HUB_WEIGHTS
+    weights = None
+    for filename in names:
+        weights = get(filename)
+        if weights is not None:
+            break
+    if weights is None:
+        if offline is not None:
+            raise _hub_unreachable(loc, where, f"offline mode is on ({offline})")
+        raise WeightsError(f"{where}: the repo has none of {', '.join(names)}")
+    if loc.sha256 is not None:
+        _check_hub_file(weights, loc.sha256, where)
+    for filename in HUB_CONFIG:
+        get(filename)
+    if weights.name in HUB_WEIGHTS:
+        return weights.parent
+    return weights
+
+
+def _check_hub_file(path: Path, sha256: str, where: str) -> None:
+    """A Hub weights file against the registry's sha256: in the cache an LFS file's blob is named by its sha256,
+    so the name is compared (no reading); other files are hashed."""
+    blob = path.resolve()
+    digest = blob.name if re.fullmatch(r"[0-9a-f]{64}", blob.name) else _sha256(blob)
+    if not digest.startswith(sha256):
+        raise WeightsError(f"{where}: {path.name} has sha256 {digest}, the registry expects {sha256}"
+                           f"{'...' if len(sha256) < 64 else ''} (another revision of the repo?)")
+
+
+def _hub_cached_any(repo: str, revision: str | None, local_dir: Path | None) -> bool:
+    if local_dir is not None:
+        return any((local_dir / n).is_file() for n in HUB_WEIGHTS)
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(repo, n, cache_dir=hf_cache_dir(), revision=revision), str)
+               for n in HUB_WEIGHTS)
+
+
+def _hub_unreachable(loc: Location, where: str, why: str) -> WeightsError:
+    assert loc.repo_id is not None
+    folder = hf_cache_dir() / ("models--" + loc.repo_id.replace("/", "--"))
+    files = "config.json and " + (loc.filename or " / ".join(HUB_WEIGHTS))
+    return WeightsError(
+        f"{where} is not in the Hugging Face cache and {why}. On a machine with network run "
+        f"`vitlab weights get {loc.text}` and copy {folder} to the same place here (the cache is HF_HUB_CACHE), or "
+        f"put {files} in a folder and pass that folder's path")
+
+
+def _quiet_tqdm() -> type:
+    """A tqdm that never draws (huggingface_hub's `tqdm_class` when no bar is wanted)."""
+    from tqdm.auto import tqdm
+
+    class QuietTqdm(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return QuietTqdm
+
+
+# -- plain URLs -------------------------------------------------------------------------------------------
+
+
+def url_cache_path(url: str, root: Path | None = None) -> Path:
+    """Where a URL's file lives in the cache: `<root>/<host>/<path>` (a query string adds a short hash)."""
+    parts = urllib.parse.urlsplit(url)
+    segments = [urllib.parse.unquote(s) for s in parts.path.split("/")]
+    segments = [s for s in segments if s not in ("", ".", "..")]
+    if not segments or not parts.netloc:
+        raise WeightsError(f"{url}: the URL does not name a file")
+    name = segments[-1]
+    if parts.query:
+        stem, suffix = os.path.splitext(name)
+        name = f"{stem}-{hashlib.sha256(parts.query.encode()).hexdigest()[:8]}{suffix}"
+    host = parts.netloc.replace(":", "_")
+    return (cache_root() if root is None else Path(root)) / host / Path(*segments[:-1]) / name
+
+
+def url_download(loc: Location, *, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
+    """A URL's file in the cache, downloaded and verified if it is not there yet."""
+    assert loc.url is not None
+    dest = url_cache_path(loc.url, Path(cache_dir) if cache_dir is not None else None)
+    return download_url(loc.url, dest, sha256=loc.sha256, progress=progress)
+
+
+class _Transient(Exception):
+    """A failure worth retrying (dropped connection, timeout, 5xx); the .part file is kept for resuming."""
+
+
+class _Unreachable(Exception):
+    """The host cannot be reached at all (no DNS, no route): retrying will not help."""
+
+
+def download_url(url: str, dest: str | os.PathLike[str], *, sha256: str | None = None, progress: bool = True,
+                 retries: int | None = None, timeout: float | None = None) -> Path:
+    """Download `url` to `dest` once: resumable, verified, placed atomically, safe against concurrent callers.
+
+    Args:
+        url: http(s) URL.
+        dest: Final file path. If it already exists it is returned (checked first when `sha256` is given and it
+            was not placed by a verified download).
+        sha256: Full hex digest or a prefix of one (e.g. torchvision's 8 hex digits).
+        progress: tqdm bar on stderr when stderr is a terminal.
+        retries: Further tries after a transient failure (default RETRIES), each resuming the partial file.
+        timeout: Seconds per socket operation (default TIMEOUT).
+
+    Raises:
+        WeightsError: the download failed (the partial file is kept for the next call to resume), the bytes do
+            not match `sha256` (nothing is kept), or offline with nothing cached (the message names `dest`).
+    """
+    dest = Path(dest)
+    retries = RETRIES if retries is None else retries
+    timeout = TIMEOUT if timeout is None else timeout
+    if sha256 is not None:
+        sha256 = sha256.lower()
+        if not _HEX.fullmatch(sha256) or not 8 <= len(sha256) <= 64:
+            raise WeightsError(f"{url}: checksum {sha256!r} is not a sha256 hex digest or a prefix of 8+ digits")
+    offline = offline_reason()
+    if dest.is_file():
+        return _check_cached(dest, sha256)
+    if offline is not None:
+        raise _offline_error(url, dest, f"offline mode is on ({offline})")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    with _file_lock(dest):
+        if dest.is_file():  # another process finished it while we waited
+            return _check_cached(dest, sha256)
+        for attempt in range(retries + 1):
+            try:
+                _fetch(url, part, progress=progress, timeout=timeout)
+                break
+            except _Unreachable as e:
+                host = urllib.parse.urlsplit(url).netloc
+                raise _offline_error(url, dest, f"{host} cannot be reached ({e})") from None
+            except _Transient as e:
+                if attempt == retries:
+                    kept = f"; {part} ({part.stat().st_size:,} bytes) is kept and the next call resumes it" \
+                        if part.exists() else ""
+                    raise WeightsError(f"downloading {url} failed after {attempt + 1} tries: {e}{kept}") from None
+                delay = BACKOFF * 2**attempt
+                log.warning("%s: %s; retrying in %.1fs (try %d of %d)", url, e, delay, attempt + 2, retries + 1)
+                time.sleep(delay)
+        digest = _sha256(part)
+        if sha256 is not None and not digest.startswith(sha256):
+            size = part.stat().st_size
+            part.unlink()
+            raise WeightsError(f"{url}: checksum mismatch: the {size:,} bytes downloaded have sha256 {digest}, "
+                               f"expected {sha256}{'...' if len(sha256) < 64 else ''}; nothing was kept")
+        _fsync(part)
+        os.replace(part, dest)
+        _write_marker(dest, digest)
+    log.info("downloaded %s to %s", url, dest)
+    return dest
+
+
+def _fetch(url: str, part: Path, *, progress: bool, timeout: float) -> None:
+    """One HTTP request: append to `part` from its current size (Range), or rewrite it when the server sends
+    the whole file. Raises _Transient when the body ends early or the connection fails."""
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": "vitlab (python urllib)", "Accept-Encoding": "identity"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and offset:  # the partial file is not a prefix we can extend: start over
+            part.unlink()
+            raise _Transient("the server refused to resume the partial file (HTTP 416); starting over") from None
+        if e.code in (408, 425, 429) or e.code >= 500:
+            raise _Transient(f"HTTP {e.code} {e.reason}") from None
+        raise WeightsError(f"{url}: HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        if isinstance(e.reason, socket.gaierror | ConnectionRefusedError) or getattr(e.reason, "errno", None) in (
+                101, 113):  # no DNS, refused, network / host unreachable
+            raise _Unreachable(str(e.reason)) from None
+        raise _Transient(str(e.reason)) from None
+    except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
+        raise _Transient(f"{type(e).__name__}: {e}") from None
+    with response:
+        total: int | None
+        if response.status == 206:
+            m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", response.headers.get("Content-Range", "").strip())
+            if m is None or int(m.group(1)) != offset:
+                part.unlink()
+                raise _Transient(f"the server resumed at the wrong place ({response.headers.get('Content-Range')}); "
+                                 "starting over")
+            total = int(m.group(3)) if m.group(3) != "*" else None
+            mode = "ab"
+        else:
+            if offset:
+                log.info("%s: the server ignored the Range request; downloading from the start", url)
+            offset, mode = 0, "wb"
+            length = response.headers.get("Content-Length")
+            total = int(length) if length and length.isdigit() else None
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                   desc=os.path.basename(part.name.removesuffix(".part")), leave=False,
+                   disable=not progress or not sys.stderr.isatty())
+        try:
+            with open(part, mode) as f, bar:
+                while True:
+                    chunk = response.read(_CHUNK)
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    bar.update(len(chunk))
+        except (TimeoutError, ConnectionError, http.client.HTTPException) as e:
+            raise _Transient(f"the connection broke after {part.stat().st_size:,} bytes "
+                             f"({type(e).__name__})") from None
+    size = part.stat().st_size
+    if total is not None and size != total:
+        raise _Transient(f"the connection closed after {size:,} of {total:,} bytes")
+
+
+def _offline_error(url: str, dest: Path, why: str) -> WeightsError:
+    return WeightsError(f"{url} is not in the cache and {why}. Download it on a machine with network (or "
+                        f"`vitlab weights get` there) and put the file at {dest}, or pass the file's local path")
+
+
+def _check_cached(path: Path, sha256: str | None) -> Path:
+    """A cached file: trusted when a verified download placed it (the marker beside it agrees), else hashed."""
+    if sha256 is None:
+        return path
+    marker = _marker(path)
+    with contextlib.suppress(OSError):
+        if marker.stat().st_mtime >= path.stat().st_mtime and marker.read_text().strip().startswith(sha256):
+            return path
+    digest = _sha256(path)
+    if not digest.startswith(sha256):
+        raise WeightsError(f"{path}: checksum mismatch: sha256 {digest}, expected {sha256}"
+                           f"{'...' if len(sha256) < 64 else ''}; delete the file and download it again")
+    with contextlib.suppress(OSError):
+        _write_marker(path, digest)
+    return path
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _write_marker(path: Path, digest: str) -> None:
+    _marker(path).write_text(digest + "\n")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _file_lock(dest: Path) -> Iterator[None]:
+    """An inter-process lock on `<dest>.lock` (the file itself stays; removing it would race)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(dest.with_name(dest.name + ".lock")))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("waiting for another process downloading %s", dest)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _copy_atomic(src: Path, dest: Path) -> None:
+    from .atomic import atomic_output
+
+    with atomic_output(dest) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+# -- status (for `vitlab weights show`) ---------------------------------------------------------------------
+
+
+def cache_status(loc: Location) -> dict[str, Any]:
+    """Where the files of a Location are or would be cached, and whether they are there (no network)."""
+    if loc.kind == "path":
+        return {"path": str(loc.path), "cached": True}
+    if loc.kind == "url":
+        assert loc.url is not None
+        dest = url_cache_path(loc.url)
+        return {"path": str(dest), "cached": dest.is_file()}
+    assert loc.repo_id is not None
+    from huggingface_hub import try_to_load_from_cache
+
+    names = (loc.filename,) if loc.filename else HUB_WEIGHTS
+    for n in names:
+        hit = try_to_load_from_cache(loc.repo_id, n, cache_dir=hf_cache_dir(), revision=loc.revision)
+        if isinstance(hit, str):
+            return {"path": hit if loc.filename and loc.filename not in HUB_WEIGHTS else str(Path(hit).parent),
+                    "cached": True}
+    return {"path": str(hf_cache_dir() / ("models--" + loc.repo_id.replace("/", "--"))), "cached": False}

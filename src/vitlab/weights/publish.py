@@ -1,0 +1,409 @@
+"""Publishing a model in the ecosystem's shapes: the Hub's folder layout, and files other libraries load.
+
+    model.save_pretrained("my-vit")                      # config.json + model.safetensors (+ README.md)
+    model = VisionTransformer.from_pretrained("my-vit")  # or "owner/repo" on the Hugging Face Hub
+    model.push_to_hub("owner/my-vit")                    # the same folder, uploaded in one commit
+    export(model, "hf-dir", "hf")                        # transformers' ViTForImageClassification directory
+
+The Hub folder is what `huggingface_hub`'s `PyTorchModelHubMixin` writes (config.json beside model.safetensors)
+with vitlab's config.json:
+
+    {"library_name": "vitlab", "vitlab_version": "0.1.0",
+     "config": {ViTConfig fields}, "preprocess": {Preprocess fields}}      # "preprocess" only when known
+
+model.safetensors is vitlab's own file (`save_weights`: the config, metadata and preprocessing in its header,
+timm's tensor names). huggingface_hub is imported only when the Hub is used.
+
+`export` writes the five formats of `vitlab convert --to`:
+    vitlab       our .safetensors (`save_weights`)
+    npz          Google's vit_jax names (`save_weights`)
+    hf           a transformers directory: config.json (model_type "vit"), model.safetensors in transformers'
+                 names, preprocessor_config.json from the model's preprocessing
+    torchvision  a state dict for torchvision's `VisionTransformer(...)` (`vit_b_16` family), .pth
+    timm         a state dict in timm's names for `timm.create_model(arch, **kwargs)`, .safetensors or .pth
+A model another library cannot compute is refused with the reason (hybrids for transformers and torchvision,
+the pre-logits layer for transformers and timm, average pooling for transformers and torchvision).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import save_file
+
+from ..config import ViTConfig
+from ..posembed import sincos_2d
+from ..preprocess import Preprocess
+from . import hf, ours, torchvision
+from .api import load_model, save_weights
+from .atomic import atomic_output
+from .report import WeightsError
+
+if TYPE_CHECKING:
+    from ..model import VisionTransformer
+
+log = logging.getLogger("vitlab.weights")
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+PREPROCESSOR_NAME = "preprocessor_config.json"
+EXPORT_FORMATS = ("vitlab", "npz", "hf", "torchvision", "timm")
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+# -- the Hub's layout ------------------------------------------------------------------------------------------
+
+
+def save_pretrained(
+    model: VisionTransformer,
+    save_directory: str | Path,
+    *,
+    metadata: dict[str, Any] | None = None,
+    model_card: bool = True,
+) -> Path:
+    """Write `model` as a Hub folder: config.json, model.safetensors, and a README.md model card if none is there.
+
+    Files already in the folder are replaced (each atomically); others are left alone.
+
+    Args:
+        model: A vitlab VisionTransformer.
+        save_directory: The folder (created if needed).
+        metadata: JSON-serialisable facts stored with the weights (class names, recipe, metrics).
+        model_card: Write README.md when the folder has none.
+
+    Returns:
+        The folder.
+    """
+    folder = Path(save_directory)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"{folder} is a file; save_pretrained writes a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    save_weights(model, folder / WEIGHTS_NAME, metadata, overwrite=True)
+    _write_json(folder / CONFIG_NAME, hub_config(model))
+    if model_card and not (folder / "README.md").exists():
+        with atomic_output(folder / "README.md") as tmp:
+            tmp.write_text(_model_card(model, metadata))
+    return folder
+
+
+def hub_config(model: VisionTransformer) -> dict[str, Any]:
+    """The config.json of a Hub folder: the ViTConfig and, when known, the preprocessing."""
+    from .. import __version__
+
+    out: dict[str, Any] = {"library_name": "vitlab", "vitlab_version": __version__, "config": model.cfg.to_dict()}
+    preprocess = getattr(model, "preprocess", None)
+    if preprocess is not None:
+        out["preprocess"] = preprocess.to_dict()
+    return out
+
+
+def from_pretrained(
+    name_or_path: str | Path,
+    *,
+    revision: str | None = None,
+    cache_dir: str | Path | None = None,
+    force_download: bool = False,
+    token: str | bool | None = None,
+    local_files_only: bool = False,
+    **overrides: Any,
+) -> VisionTransformer:
+    """Load a model from a Hub folder: a local directory, or "owner/repo" on the Hugging Face Hub.
+
+    vitlab folders (`save_pretrained`) take the architecture and preprocessing from config.json; other folders
+    (transformers' ViT, timm's hub repos) are read as `load_model` reads them. Hub downloads go through
+    `huggingface_hub` (its cache, `HF_HUB_OFFLINE`, tokens).
+
+    Args:
+        name_or_path: Directory, "owner/repo" (or "hf-hub:owner/repo"), or a weights file.
+        revision: Hub branch, tag or commit.
+        cache_dir: Hub cache folder (default: huggingface_hub's).
+        force_download: Download again even when cached.
+        token: Hub token for private or gated repos.
+        local_files_only: Use only the Hub cache, never the network.
+        overrides: ViTConfig fields to change before loading (e.g. num_classes=10 for a new zero head).
+
+    Returns:
+        The model in eval mode.
+    """
+    path = Path(name_or_path)
+    if not path.exists():
+        path = _download(str(name_or_path), revision=revision, cache_dir=cache_dir, force_download=force_download,
+                         token=token, local_files_only=local_files_only)
+    if path.is_file():
+        return load_model(path, **overrides)
+    config_file = path / CONFIG_NAME
+    config = _read_json(config_file) if config_file.exists() else {}
+    if not isinstance(config.get("config"), dict) or "model_type" in config:
+        return load_model(path, **overrides)  # transformers' or timm's layout
+    try:
+        fields = ViTConfig.from_dict(config["config"]).to_dict()
+        preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
+    except (TypeError, ValueError) as e:
+        raise WeightsError(f"{config_file}: {e}") from e
+    weights = path / WEIGHTS_NAME
+    if not weights.exists():
+        raise WeightsError(f"{path}: a vitlab Hub folder needs {WEIGHTS_NAME} beside config.json")
+    # config.json is the folder's truth (as on the Hub); the weights file's own header is its fallback
+    model = load_model(weights, **{**fields, **overrides})
+    if preprocess is not None:
+        model.preprocess = preprocess
+    return model
+
+
+def push_to_hub(
+    model: VisionTransformer,
+    repo_id: str,
+    *,
+    metadata: dict[str, Any] | None = None,
+    commit_message: str = "Upload vitlab VisionTransformer",
+    private: bool | None = None,
+    token: str | None = None,
+    branch: str | None = None,
+    create_pr: bool | None = None,
+) -> Any:
+    """Upload `model` to a Hub repo (created if missing) as `save_pretrained`'s folder, in one commit.
+
+    Returns:
+        huggingface_hub's CommitInfo.
+    """
+    _require_hub("push_to_hub")
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+    with tempfile.TemporaryDirectory(prefix="vitlab-push-") as tmp:
+        save_pretrained(model, tmp, metadata=metadata)
+        return api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=tmp,
+                                 commit_message=commit_message, revision=branch, create_pr=create_pr)
+
+
+def _download(name: str, **kw: Any) -> Path:
+    """The snapshot folder of a Hub repo holding config.json, preprocessor_config.json and the weights."""
+    repo_id = name.removeprefix("hf-hub:")
+    repo_id, _, rev = repo_id.partition("@")
+    if not _REPO_ID.fullmatch(repo_id):
+        raise FileNotFoundError(f"no file or directory {name!r}, and it is not a Hub repo id (owner/name)")
+    _require_hub(f"from_pretrained({name!r})")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+
+    kw["revision"] = kw["revision"] or rev or None
+
+    def get(filename: str) -> Path | None:
+        try:
+            return Path(hf_hub_download(repo_id, filename, **kw))
+        except EntryNotFoundError:  # not in the repo (online), or not in the cache (offline)
+            return None
+
+    try:
+        for optional in (CONFIG_NAME, PREPROCESSOR_NAME):
+            get(optional)
+        weights = get(WEIGHTS_NAME) or get("pytorch_model.bin")
+    except HfHubHTTPError as e:
+        raise WeightsError(f"{name}: not a local path, and the Hugging Face Hub did not give it: {e}") from None
+    if weights is None:
+        raise WeightsError(f"{name}: not a local path, and found no {WEIGHTS_NAME} or pytorch_model.bin for it on "
+                           "the Hugging Face Hub (the repo has neither, or it is not in the Hub cache and the Hub "
+                           "cannot be reached or HF_HUB_OFFLINE is set)")
+    return weights.parent
+
+
+def _require_hub(what: str) -> None:
+    try:
+        import huggingface_hub  # noqa: F401
+    except ImportError:
+        raise ImportError(f"{what} needs huggingface_hub: pip install 'vitlab[hub]'") from None
+
+
+def _model_card(model: VisionTransformer, metadata: dict[str, Any] | None) -> str:
+    c = model.cfg
+    params = sum(p.numel() for p in model.parameters())
+    preprocess = getattr(model, "preprocess", None)
+    lines = [
+        "---", "library_name: vitlab", "pipeline_tag: image-classification",
+        "tags:", "- vision-transformer", "- image-classification", "---", "",
+        f"# {c.name or 'VisionTransformer'}", "",
+        f"A Vision Transformer saved with vitlab: {c.depth} blocks, width {c.embed_dim}, {c.num_heads} heads, "
+        f"{c.pixel_patch}x{c.pixel_patch} pixels per token at {c.img_size}, {c.num_classes} classes, "
+        f"{params:,} parameters.", "",
+        f"Preprocessing: {preprocess.describe() if preprocess is not None else 'unknown'}.", "",
+        "```python", "from vitlab import VisionTransformer", "",
+        'model = VisionTransformer.from_pretrained("<this folder or repo>")', "```", "",
+    ]
+    if metadata and isinstance(metadata.get("metrics"), dict):
+        lines += ["Metrics: " + ", ".join(f"{k} {v}" for k, v in metadata["metrics"].items()), ""]
+    return "\n".join(lines)
+
+
+# -- other libraries' files ------------------------------------------------------------------------------------
+
+
+def export(
+    model: VisionTransformer,
+    dst: str | Path,
+    to: str,
+    *,
+    metadata: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> tuple[Path, list[str]]:
+    """Write `model` as file(s) that `to`'s library loads (see the module docstring for the formats).
+
+    Args:
+        model: A vitlab VisionTransformer.
+        dst: File, or for "hf" a directory.
+        to: One of EXPORT_FORMATS.
+        metadata: For "vitlab", stored in the header; for "hf", its "class_names" become id2label.
+        overwrite: Replace existing files.
+
+    Returns:
+        The path written and notes (how to load it, what was made explicit, what differs).
+
+    Raises:
+        WeightsError: the target library cannot compute this model (the message says why).
+    """
+    if to not in EXPORT_FORMATS:
+        raise ValueError(f"unknown format {to!r}; one of {EXPORT_FORMATS}")
+    dst = Path(dst)
+    cfg, name = model.cfg, str(dst)  # errors name the file that was not written
+    state = model.state_dict()
+    if any(t.is_meta for t in state.values()):
+        raise ValueError("the model is on the meta device (no data); materialise it before saving")
+    state = {k: v.detach().to("cpu") for k, v in state.items()}
+    if to in ("vitlab", "npz"):
+        want = ".safetensors" if to == "vitlab" else ".npz"
+        if dst.suffix != want:
+            raise ValueError(f"{dst}: --to {to} writes a {want} file; name it so")
+        return save_weights(model, dst, metadata if to == "vitlab" else None, overwrite=overwrite), []
+    if to == "hf":
+        tensors, notes = hf.from_ours(state, cfg, name)
+        meta = metadata or {}
+        _write_hf_dir(dst, tensors, hf.config_to_hf(cfg, meta.get("class_names")),
+                      getattr(model, "preprocess", None), overwrite, notes)
+        notes.append(f"load with transformers.ViTForImageClassification.from_pretrained({str(dst)!r})")
+        return dst, notes
+    if to == "torchvision":
+        tensors, notes = torchvision.from_ours(state, cfg, name)
+        args = torchvision.model_args(cfg, name)
+        _warn_inexact(dst, notes)
+        _write_state(tensors, dst, overwrite, {"torchvision.args": json.dumps(args)})
+        builder = torchvision.builder_name(cfg)
+        how = "torchvision.models.vision_transformer.VisionTransformer(" + ", ".join(
+            f"{k}={v!r}" for k, v in args.items()) + ")"
+        if builder:
+            how += f" (the shape of torchvision.models.{builder})"
+        notes.append(f"load strictly into {how}")
+        return dst, notes
+    arch, kwargs, notes = timm_args(cfg, name)
+    _warn_inexact(dst, notes)
+    tensors = dict(state)
+    if "pos_embed" not in tensors and cfg.pos_embed == "sincos2d":
+        pos = torch.zeros(1, cfg.seq_len, cfg.embed_dim, dtype=tensors["patch_embed.proj.weight"].dtype)
+        pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, cfg.embed_dim).to(pos.dtype)
+        tensors["pos_embed"] = pos
+    _write_state(tensors, dst, overwrite, {"timm.architecture": arch, "timm.kwargs": json.dumps(kwargs)})
+    notes.append(f"load with timm.create_model({arch!r}, pretrained=False, **{kwargs!r}).load_state_dict(...)")
+    return dst, notes
+
+
+def _warn_inexact(dst: Path, notes: list[str]) -> None:
+    """Say it loudly when the other library will not compute exactly what the model computes."""
+    for note in notes:
+        if "logits differ" in note:
+            log.warning("%s: %s", dst, note)
+
+
+def timm_args(cfg: ViTConfig, source: str = "model") -> tuple[str, dict[str, Any], list[str]]:
+    """timm's architecture name and `create_model` keyword arguments that build `cfg`'s network, plus notes.
+
+    Raises:
+        WeightsError: timm's VisionTransformer cannot compute it.
+    """
+    notes: list[str] = []
+    if cfg.representation_size is not None:
+        raise WeightsError(f"{source}: cannot write a timm VisionTransformer: it has a pre-logits layer "
+                           f"(representation_size={cfg.representation_size}), which timm 1.x's VisionTransformer "
+                           "no longer has. Use --to torchvision or --to npz")
+    D = cfg.embed_dim
+    ratio = cfg.mlp_dim / D
+    if int(D * ratio) != cfg.mlp_dim:
+        raise WeightsError(f"{source}: mlp_dim {cfg.mlp_dim} is not int(embed_dim * mlp_ratio) for any float ratio")
+    h, w = cfg.img_hw
+    kwargs: dict[str, Any] = {
+        "img_size": h if h == w else [h, w], "patch_size": cfg.patch_size, "in_chans": cfg.in_chans,
+        "num_classes": cfg.num_classes, "embed_dim": D, "depth": cfg.depth, "num_heads": cfg.num_heads,
+        "mlp_ratio": ratio, "qkv_bias": cfg.qkv_bias, "class_token": cfg.class_token,
+        "global_pool": "token" if cfg.pool == "token" else "avg",
+    }
+    if cfg.pool == "gap":
+        kwargs["fc_norm"] = False  # ours normalises every token before pooling (timm's default for avg is after)
+    if cfg.pos_embed == "none":
+        kwargs["pos_embed"] = "none"
+    elif cfg.pos_embed == "sincos2d":
+        notes.append("wrote the fixed sin-cos table as timm's learned pos_embed (class-token row zero)")
+    if cfg.layer_norm_eps != 1e-6:
+        notes.append(f"the model's LayerNorm eps is {cfg.layer_norm_eps:g} but timm builds 1e-6: logits differ "
+                     "slightly unless the timm model is built with "
+                     f"norm_layer=partial(nn.LayerNorm, eps={cfg.layer_norm_eps:g})")
+    if cfg.hybrid_layers is None:
+        sizes = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
+        arch = f"vit_{sizes.get(D, 'base')}_patch{cfg.patch_size}_224"
+        return arch, kwargs, notes
+    hybrids = {(3, 4, 9): "vit_base_r50_s16_224", (2, 2, 2, 2): "vit_small_r26_s32_224", (): "vit_tiny_r_s16_p8_224"}
+    arch = hybrids.get(cfg.hybrid_layers)
+    if arch is None or cfg.hybrid_width != 64:
+        raise WeightsError(f"{source}: timm builds hybrids with ResNet stages {sorted(hybrids)} of width 64 only; "
+                           f"this one has {cfg.hybrid_layers}, width {cfg.hybrid_width}")
+    if cfg.hybrid_eps != "timm":
+        notes.append(f"the model's ResNet uses {cfg.hybrid_eps}'s epsilons (weight standardisation, GroupNorm), timm's "
+                     "ResNetV2 its own: logits differ slightly, most for filters of small variance")
+    return arch, kwargs, notes
+
+
+def _write_state(tensors: dict[str, torch.Tensor], dst: Path, overwrite: bool, header: dict[str, str]) -> None:
+    """A state dict as .safetensors (with `header`) or as a torch.save pickle (.pth / .pt / .bin)."""
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if dst.suffix == ".safetensors":
+        with atomic_output(dst, overwrite) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "pt", **header})
+    elif dst.suffix in (".pth", ".pt", ".bin"):
+        with atomic_output(dst, overwrite) as tmp:
+            torch.save(tensors, tmp)
+    else:
+        raise ValueError(f"{dst}: name the file .safetensors or .pth")
+
+
+def _write_hf_dir(dst: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any],
+                  preprocess: Preprocess | None, overwrite: bool, notes: list[str]) -> None:
+    if dst.exists() and not dst.is_dir():
+        raise NotADirectoryError(f"{dst} is a file; --to hf writes a directory")
+    if dst.is_dir() and any(dst.iterdir()) and not overwrite:
+        raise FileExistsError(f"{dst} exists and is not empty; pass --force to write into it")
+    dst.mkdir(parents=True, exist_ok=True)
+    ours.save_safetensors(tensors, dst / WEIGHTS_NAME, overwrite=True)
+    _write_json(dst / CONFIG_NAME, config)
+    if preprocess is not None:
+        _write_json(dst / PREPROCESSOR_NAME, hf.preprocessor_config(preprocess))
+    else:
+        (dst / PREPROCESSOR_NAME).unlink(missing_ok=True)
+        notes.append(f"the model's preprocessing is unknown: no {PREPROCESSOR_NAME} written")
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with atomic_output(path, overwrite=True) as tmp:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise WeightsError(f"{path}: unreadable: {e}") from e
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: expected a JSON object")
+    return data

@@ -1,0 +1,305 @@
+"""Preprocessing travels with the weights: each source's convention against that source's own pipeline
+(torchvision `weights.transforms()`, transformers' image processors, timm's `resolve_data_config` +
+`create_transform`, vit_jax's resize + (x - 127.5) / 127.5), the header round trip, the resolver, and the CLIs."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitlab
+from vitlab import preprocess as pp
+from vitlab.cli import main
+from vitlab.data import transforms_for
+from vitlab.data.labels import imagenet_classes
+from vitlab.preprocess import Preprocess, PreprocessWarning
+from vitlab.weights.checkpoint import read_checkpoint
+
+from .conftest import perturb_
+
+TINY = dict(embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    pp._warned.clear()  # "once per process" must not leak between tests
+    yield
+    pp._warned.clear()
+
+
+@pytest.fixture
+def photo(tmp_path):
+    """A non-square RGB image with structure everywhere (smooth ramps plus noise), so crops and resizes show."""
+    rng = np.random.default_rng(0)
+    h, w = 300, 411
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([255 * x / w, 255 * y / h, 128 + 100 * np.sin(x / 17.0) * np.cos(y / 23.0)], -1)
+    img = np.clip(img + rng.normal(0, 20, img.shape), 0, 255).astype(np.uint8)
+    path = tmp_path / "photo.png"
+    Image.fromarray(img).save(path)
+    return path
+
+
+# -- the dataclass ---------------------------------------------------------------------------------------------
+
+def test_round_trip_and_errors_name_the_field():
+    p = Preprocess((224, 224), [0.485, 0.456, 0.406], [0.229, 0.224, 0.225], "center_crop", 0.875, "bicubic")
+    assert p.img_size == 224 and p.mean == pp.IMAGENET.mean and p.normalize == "imagenet"
+    assert Preprocess.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    assert p.resize_size == (256, 256)
+    assert Preprocess(224, crop_fraction=0.9).resize_size == (248, 248)  # timm: floor(224 / 0.9)
+    for bad, field in [({"resize": "squash"}, "preprocess.resize"), ({"crop_fraction": 1.5}, "crop_fraction"),
+                       ({"interpolation": "lanczos"}, "interpolation"), ({"mean": [0.5]}, "preprocess.mean"),
+                       ({"channels": "bgr"}, "channels"), ({"std": [0, 1, 1]}, "std"), ({"colour": 1}, "colour")]:
+        with pytest.raises(ValueError, match=field):
+            Preprocess.from_dict({"img_size": 32, **bad})
+    with pytest.raises(ValueError, match="img_size is required"):
+        Preprocess.from_dict({"mean": [0.5] * 3})
+
+
+# -- each source against its own pipeline ----------------------------------------------------------------------
+
+def test_torchvision_convert_then_predict_equals_torchvision_with_its_transforms(tmp_path, photo, capsys):
+    """The reported bug: converted torchvision weights were fed [-1, 1] pixels of a squashed image. A vit_b_16-shaped
+    torchvision model saved to .pth, `vitlab convert`, `vitlab predict`: the probabilities torchvision's own model
+    gives on `ViT_B_16_Weights.IMAGENET1K_V1.transforms()` output, and its category names."""
+    from torchvision.models import ViT_B_16_Weights
+    from torchvision.models.vision_transformer import VisionTransformer as TVViT
+
+    theirs = perturb_(TVViT(image_size=224, patch_size=16, num_layers=1, num_heads=2, hidden_dim=64, mlp_dim=64,
+                            num_classes=1000)).eval()
+    with torch.no_grad():
+        theirs.heads.head.weight.mul_(200.0)  # spread the logits so a wrong input shows in the probabilities
+    torch.save(theirs.state_dict(), tmp_path / "vit_b_16.pth")
+    dst = tmp_path / "vit_b_16.safetensors"
+    assert main(["convert", str(tmp_path / "vit_b_16.pth"), str(dst), "--num-heads", "2"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(dst), str(photo), "--top-k", "1000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)[0]["top"]
+    probs = torch.zeros(1000)
+    for t in out:
+        probs[t["index"]] = t["prob"]
+    weights = ViT_B_16_Weights.IMAGENET1K_V1
+    img = Image.open(photo).convert("RGB")
+    with torch.no_grad():
+        ref = theirs(weights.transforms()(img)[None]).softmax(-1)[0]
+        wrong = theirs(transforms_for(pp.vit_jax(224))(img)[None]).softmax(-1)[0]  # what predict used to feed
+    assert (ref - wrong).abs().max() > 1e-3  # the test can tell the two apart
+    torch.testing.assert_close(probs, ref, atol=1e-5, rtol=1e-4)
+    assert [t["label"] for t in out[:5]] == [weights.meta["categories"][t["index"]] for t in out[:5]]
+    model = vitlab.load_model(dst)
+    assert model.preprocess == pp.torchvision_classification(224, 256, "bilinear", model.preprocess.source)
+
+
+def _hf_processors(kind):
+    """(PIL-resizing processor, default processor). transformers 5 resizes uint8 tensors with torchvision by
+    default and keeps the PIL path as *ImageProcessorPil; transformers 4's processors resize with PIL."""
+    from transformers import DeiTImageProcessor, ViTImageProcessor
+
+    default = ViTImageProcessor() if kind == "vit" else DeiTImageProcessor()
+    try:
+        if kind == "vit":
+            from transformers.models.vit.image_processing_pil_vit import ViTImageProcessorPil as Pil
+        else:
+            from transformers.models.deit.image_processing_pil_deit import DeiTImageProcessorPil as Pil
+    except ImportError:
+        return default, default
+    return Pil(), default
+
+
+@pytest.mark.parametrize("kind", ["vit", "deit"])
+def test_transformers_image_processor_equals_transforms_for(tmp_path, photo, kind):
+    """ViTImageProcessor (squash, bilinear, [-1, 1]) and DeiTImageProcessor (squash to 256, crop 224, bicubic,
+    ImageNet statistics): their output equals ours from the preprocessor_config.json beside the weights (exactly
+    with PIL resizing, as ours; within one 8-bit level with transformers 5's torchvision resizing, which rounds
+    the resized uint8 pixels differently)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    pil, default = _hf_processors(kind)
+    img = Image.open(photo).convert("RGB")
+    cfg = ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=224,
+                    patch_size=16, num_labels=3)
+    ViTForImageClassification(cfg).save_pretrained(tmp_path / "hf")
+    default.save_pretrained(tmp_path / "hf")
+    model = vitlab.load_model(tmp_path / "hf")
+    assert model.preprocess.source.endswith("preprocessor_config.json")
+    assert model.preprocess.interpolation == ("bilinear" if kind == "vit" else "bicubic")
+    ours = transforms_for(model)(img)
+    exact = pil(images=img, return_tensors="pt")["pixel_values"][0]
+    assert ours.shape == exact.shape == (3, 224, 224)
+    torch.testing.assert_close(ours, exact, atol=1e-6, rtol=0)
+    theirs = default(images=img, return_tensors="pt")["pixel_values"][0]
+    level = 1.001 / 255 / min(model.preprocess.std)  # one 8-bit step after normalisation
+    assert (ours - theirs).abs().max() <= level and (ours - theirs).abs().gt(1e-5).float().mean() < 0.01
+
+
+@pytest.mark.parametrize("tag", ["vit_tiny_patch16_224.augreg_in21k_ft_in1k", "deit_tiny_patch16_224.fb_in1k"])
+def test_timm_pretrained_cfg_equals_create_transform(tmp_path, photo, tag):
+    """A timm hub folder (config.json with pretrained_cfg + model.safetensors): our transform equals timm's
+    `create_transform(**resolve_data_config(model=...))`; architecture / num_classes fill the config."""
+    import timm
+    from safetensors.torch import save_file
+    from timm.data import create_transform, resolve_data_config
+
+    theirs = timm.create_model(tag, pretrained=False, depth=1, num_classes=5)
+    img = Image.open(photo).convert("RGB")
+    ref = create_transform(**resolve_data_config({}, model=theirs))(img)
+    folder = tmp_path / "timm"
+    folder.mkdir()
+    arch = tag.split(".")[0]
+    (folder / "config.json").write_text(json.dumps({"architecture": arch, "num_classes": 5,
+                                                    "pretrained_cfg": dict(theirs.pretrained_cfg)}))
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(folder / "model.safetensors"))
+    ckpt = read_checkpoint(folder)
+    assert ckpt.format == "timm" and ckpt.known["num_classes"] == 5 and ckpt.known["patch_size"] == 16
+    model = vitlab.load_model(folder, num_heads=3)
+    ours = transforms_for(model)(img)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
+    assert model.preprocess == pp.from_timm_cfg(theirs.pretrained_cfg, model.preprocess.source)
+
+
+def test_vit_jax_npz_is_whole_image_and_minus_one_to_one(tmp_path):
+    """vit_jax's eval pipeline: tf.image.resize(im, [crop, crop]) then (im - 127.5) / 127.5: the whole image is
+    kept (a black-left / white-right image stays half and half) and 0 / 255 land on -1 / 1."""
+    model = perturb_(vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=3))
+    vitlab.save_weights(model, tmp_path / "g.npz")
+    ckpt = read_checkpoint(tmp_path / "g.npz")
+    assert ckpt.preprocess == pp.vit_jax(32)
+    img = np.zeros((20, 64, 3), np.uint8)
+    img[:, 32:] = 255
+    x = transforms_for(vitlab.load_model(tmp_path / "g.npz"))(Image.fromarray(img))
+    assert x.shape == (3, 32, 32)
+    assert torch.all(x[:, :, :15] == -1) and torch.all(x[:, :, 17:] == 1)
+
+
+# -- carried in our files, resolved once -------------------------------------------------------------------------
+
+def test_header_round_trip_and_old_recipes(tmp_path):
+    model = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=3)
+    model.preprocess = Preprocess(32, *pp.IMAGENET, "center_crop", 0.8, "bicubic", source="test")
+    vitlab.save_weights(model, tmp_path / "m.safetensors")
+    header = vitlab.weights.ours.read_header(tmp_path / "m.safetensors")
+    assert json.loads(header["vitlab.preprocess"])["crop_fraction"] == 0.8
+    assert vitlab.load_model(tmp_path / "m.safetensors").preprocess == model.preprocess
+    # loaded at another size: the same facts at the model's size
+    assert vitlab.load_model(tmp_path / "m.safetensors", img_size=48).preprocess == model.preprocess.replace(img_size=48)
+    # a file written before the header key: the recipe's data section says it
+    model.preprocess = None
+    recipe = {"data": {"normalize": "imagenet", "eval_resize": "center_crop", "eval_crop_fraction": 0.5}}
+    vitlab.save_weights(model, tmp_path / "old.safetensors", {"recipe": recipe})
+    old = vitlab.load_model(tmp_path / "old.safetensors").preprocess
+    assert (old.normalize, old.resize, old.crop_fraction) == ("imagenet", "center_crop", 0.5)
+
+
+def test_resolver_precedence_and_one_warning():
+    model = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=3)
+    with pytest.warns(PreprocessWarning, match="carries no preprocessing") as caught:
+        transforms_for(model)
+        transforms_for(model)
+    assert len([w for w in caught if w.category is PreprocessWarning]) == 1
+    assert pp.resolve(None, img_size=32, overrides={"mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std},
+                      what="x").normalize == "imagenet"  # an explicit choice: no warning (filterwarnings=error)
+    model.preprocess = pp.vit_jax(32)
+    assert pp.resolve(model.preprocess, img_size=64).img_size == 64  # the model's size wins over the stored one
+    over = pp.resolve(model.preprocess, img_size=32, overrides=pp.cli_overrides(normalize="imagenet",
+                                                                             crop_fraction=0.5))
+    assert (over.normalize, over.resize, over.crop_fraction, over.source) == ("imagenet", "center_crop", 0.5,
+                                                                              "vit_jax convention")
+    grey = pp.resolve(pp.vit_jax(32), img_size=28, in_chans=1)
+    assert grey.channels == "grey" and grey.mean == (0.5,)
+
+
+def test_predict_uses_the_eval_crop(tmp_path, photo, capsys):
+    """The reported bug: `predict` squashed images that `eval` centre-cropped. A checkpoint whose recipe evaluated
+    with a 0.5 centre crop: predict's probabilities are the model's on the centre crop."""
+    model = perturb_(vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=4)).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(50.0)
+    recipe = {"data": {"normalize": "inception", "eval_resize": "center_crop", "eval_crop_fraction": 0.5}}
+    vitlab.save_weights(model, tmp_path / "m.safetensors", {"recipe": recipe, "classes": list("abcd")})
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(photo), "--top-k", "4", "--json"]) == 0
+    got = {t["index"]: t["prob"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
+    img = Image.open(photo).convert("RGB")
+    short = img.resize((round(411 * 64 / 300), 64), Image.BILINEAR)  # shorter side 32 / 0.5, then the centre
+    left, top = (short.width - 32) // 2, (short.height - 32) // 2
+    crop = np.asarray(short.crop((left, top, left + 32, top + 32)), np.float32)
+    x = torch.from_numpy((crop - 127.5) / 127.5).permute(2, 0, 1)[None]
+    with torch.no_grad():
+        ref = model(x).softmax(-1)[0]
+    torch.testing.assert_close(torch.tensor([got[i] for i in range(4)]), ref, atol=1e-4, rtol=0)
+
+
+def test_predict_names_imagenet_classes(tmp_path, photo, capsys):
+    model = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=1000)
+    model.preprocess = pp.vit_jax(32)
+    vitlab.save_weights(model, tmp_path / "in1k.safetensors")
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "in1k.safetensors"), str(photo), "--top-k", "3", "--json"]) == 0
+    top = json.loads(capsys.readouterr().out)[0]["top"]
+    names = imagenet_classes()
+    assert len(names) == 1000 and names[0] == "tench" and names[999] == "toilet tissue"
+    assert all(t["label"] == names[t["index"]] for t in top)
+
+
+# -- commands ----------------------------------------------------------------------------------------------------
+
+def test_analyze_img_size_on_a_hybrid_checks_pixels_per_token(tmp_path, photo):
+    """The reported bug: --img-size was checked against patch_size (1 here), so 36 passed and the model raised a
+    traceback; the hybrid's token covers 4 * 2 * 1 = 8 pixels."""
+    model = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=1, num_classes=3, hybrid_layers=(1, 1),
+                                hybrid_width=32)
+    model.preprocess = pp.vit_jax(32)
+    vitlab.save_weights(model, tmp_path / "h.safetensors")
+    with pytest.raises(SystemExit, match="pixels per token 8"):
+        main(["analyze", str(tmp_path / "h.safetensors"), "--images", str(photo), "-o", str(tmp_path / "out"),
+              "--img-size", "36"])
+
+
+def test_finetuning_takes_the_checkpoints_preprocessing_unless_the_recipe_says(tmp_path):
+    from torchvision.models.vision_transformer import VisionTransformer as TVViT
+
+    from vitlab.train.loop import data_config_with_init
+    from vitlab.train.recipe import Recipe
+
+    tv = TVViT(image_size=224, patch_size=16, num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=5)
+    torch.save(tv.state_dict(), tmp_path / "tv.pth")
+    base = {"model": {"name": "ViT-Ti/16", **TINY, "img_size": 32, "patch_size": 16},
+            "data": {"dataset": "imagefolder", "root": str(tmp_path)},
+            "init": {"checkpoint": str(tmp_path / "tv.pth")}}
+    cfg = data_config_with_init(Recipe.from_dict(base))
+    assert (cfg.normalize, cfg.eval_resize, cfg.eval_crop_fraction) == ("imagenet", "center_crop", 0.875)
+    base["data"]["normalize"] = "inception"
+    cfg = data_config_with_init(Recipe.from_dict(base))
+    assert (cfg.normalize, cfg.eval_resize) == ("inception", "center_crop")
+
+
+def test_train_saves_what_it_trained_with(tmp_path):
+    """One fine-tuning step from a checkpoint that carries ImageNet statistics: the saved model carries them."""
+    from vitlab.train import train
+    from vitlab.train.recipe import Recipe
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (tmp_path / "tree" / split / c).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(
+                    tmp_path / "tree" / split / c / f"{i}.png")
+    pre = vitlab.create_model("ViT-Ti/16", **TINY, img_size=16, patch_size=8, num_classes=7)
+    pre.preprocess = Preprocess(16, *pp.IMAGENET, "center_crop", 0.875, "bicubic", source="test")
+    vitlab.save_weights(pre, tmp_path / "pre.safetensors")
+    recipe = Recipe.from_dict({
+        "model": {"name": "ViT-Ti/16", **TINY, "img_size": 16, "patch_size": 8},
+        "data": {"dataset": "imagefolder", "root": str(tmp_path / "tree")},
+        "train": {"batch_size": 2, "steps": 1, "eval_every": 0, "precision": "fp32"},
+        "init": {"checkpoint": str(tmp_path / "pre.safetensors")}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # tiny data: the loader's warnings are not the point here
+        summary = train(recipe, tmp_path / "run", progress=False)
+    saved = vitlab.load_model(summary["model"]).preprocess
+    assert (saved.normalize, saved.resize, saved.crop_fraction) == ("imagenet", "center_crop", 0.875)
+    assert saved.source == "recipe data section"
