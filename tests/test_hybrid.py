@@ -119,8 +119,6 @@ def test_vit_jax_npz_of_a_hybrid_is_read_by_timms_reader_and_ours(tmp_path, name
     assert back.cfg.hybrid_layers == layers and back.cfg.hybrid_eps == "vit_jax"  # Google's layout, Google's eps
     a, b = ours.state_dict(), back.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    back = vitlab.load_model(path, hybrid_eps="timm").eval()
-    torch.testing.assert_close(back(x), ours(x), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("hw", [(14, 14), (9, 5), (28, 29)])

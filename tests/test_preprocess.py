@@ -185,7 +185,8 @@ def test_header_round_trip_and_old_recipes(tmp_path):
     assert json.loads(header["vitlab.preprocess"])["crop_fraction"] == 0.8
     assert vitlab.load_model(tmp_path / "m.safetensors").preprocess == model.preprocess
     # loaded at another size: the same facts at the model's size
-    assert vitlab.load_model(tmp_path / "m.safetensors", img_size=48).preprocess == model.preprocess.replace(img_size=48)
+    bigger = vitlab.load_model(tmp_path / "m.safetensors", img_size=48)
+    assert bigger.preprocess == model.preprocess.replace(img_size=48)
     # a file written before the header key: the recipe's data section says it
     model.preprocess = None
     recipe = {"data": {"normalize": "imagenet", "eval_resize": "center_crop", "eval_crop_fraction": 0.5}}
@@ -200,8 +201,11 @@ def test_resolver_precedence_and_one_warning():
         transforms_for(model)
         transforms_for(model)
     assert len([w for w in caught if w.category is PreprocessWarning]) == 1
-    assert pp.resolve(None, img_size=32, overrides={"mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std},
-                      what="x").normalize == "imagenet"  # an explicit choice: no warning (filterwarnings=error)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PreprocessWarning)  # an explicit choice of statistics: no warning
+        explicit = pp.resolve(None, img_size=32, overrides={"mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std},
+                              what="x")
+    assert explicit.normalize == "imagenet"
     model.preprocess = pp.vit_jax(32)
     assert pp.resolve(model.preprocess, img_size=64).img_size == 64  # the model's size wins over the stored one
     over = pp.resolve(model.preprocess, img_size=32, overrides=pp.cli_overrides(normalize="imagenet",
@@ -224,8 +228,8 @@ def test_predict_uses_the_eval_crop(tmp_path, photo, capsys):
     assert main(["predict", str(tmp_path / "m.safetensors"), str(photo), "--top-k", "4", "--json"]) == 0
     got = {t["index"]: t["prob"] for t in json.loads(capsys.readouterr().out)[0]["top"]}
     img = Image.open(photo).convert("RGB")
-    short = img.resize((round(411 * 64 / 300), 64), Image.BILINEAR)  # shorter side 32 / 0.5, then the centre
-    left, top = (short.width - 32) // 2, (short.height - 32) // 2
+    short = img.resize((int(411 * 64 / 300), 64), Image.BILINEAR)  # shorter side 32 / 0.5, then the centre
+    left, top = round((short.width - 32) / 2), round((short.height - 32) / 2)  # torchvision's rounding
     crop = np.asarray(short.crop((left, top, left + 32, top + 32)), np.float32)
     x = torch.from_numpy((crop - 127.5) / 127.5).permute(2, 0, 1)[None]
     with torch.no_grad():
@@ -269,7 +273,7 @@ def test_finetuning_takes_the_checkpoints_preprocessing_unless_the_recipe_says(t
     torch.save(tv.state_dict(), tmp_path / "tv.pth")
     base = {"model": {"name": "ViT-Ti/16", **TINY, "img_size": 32, "patch_size": 16},
             "data": {"dataset": "imagefolder", "root": str(tmp_path)},
-            "init": {"checkpoint": str(tmp_path / "tv.pth")}}
+            "train": {"steps": 1}, "init": {"checkpoint": str(tmp_path / "tv.pth")}}
     cfg = data_config_with_init(Recipe.from_dict(base))
     assert (cfg.normalize, cfg.eval_resize, cfg.eval_crop_fraction) == ("imagenet", "center_crop", 0.875)
     base["data"]["normalize"] = "inception"
@@ -303,3 +307,25 @@ def test_train_saves_what_it_trained_with(tmp_path):
     saved = vitlab.load_model(summary["model"]).preprocess
     assert (saved.normalize, saved.resize, saved.crop_fraction) == ("imagenet", "center_crop", 0.875)
     assert saved.source == "recipe data section"
+
+
+def test_shipped_folder_recipe_is_table_4_with_the_checkpoints_preprocessing(monkeypatch):
+    """configs/vit_b16_finetune_folder.yaml: the paper's fine-tuning settings, a registry checkpoint, and no
+    preprocessing of its own, so the checkpoint's (vit_jax: [-1, 1], whole image) applies."""
+    from pathlib import Path
+
+    from vitlab.train import load_recipe, loop
+    from vitlab.weights import hub, registry
+
+    recipe = load_recipe(Path(__file__).parents[1] / "configs" / "vit_b16_finetune_folder.yaml")
+    o, s = recipe.optim, recipe.schedule
+    assert (o.name, o.momentum, o.weight_decay, o.clip_grad_norm, s.name) == ("sgd", 0.9, 0.0, 1.0, "cosine")
+    assert recipe.init.drop_head and recipe.model.overrides["img_size"] == 384 and recipe.train.batch_size == 512
+    assert recipe.data["dataset"] == "imagefolder"
+    assert not {"normalize", "eval_resize", "eval_crop_fraction"} & set(recipe.data)
+    entry = registry.get(recipe.init.checkpoint)
+    assert entry.format == "npz" and entry.img_size == 224
+    own = hub.entry_preprocess(entry)
+    monkeypatch.setattr(loop, "init_preprocess", lambda r: own)  # what the download would give, offline
+    cfg = loop.data_config_with_init(recipe)
+    assert (cfg.normalize, cfg.eval_resize) == ("inception", "resize")

@@ -30,6 +30,7 @@ class FileServer:
         ignore_range: Paths always answered 200 with the whole file, whatever Range asks.
         fail_once: Path -> HTTP status sent on the next GET only.
         chunk_delay: Seconds between 16 KiB chunks (a slow server).
+        etags: Path -> ETag sent with the file; a Range request whose If-Range differs gets the whole file (RFC 9110).
     """
 
     def __init__(self, files: dict[str, bytes]):
@@ -39,6 +40,8 @@ class FileServer:
         self.ignore_range: set[str] = set()
         self.fail_once: dict[str, int] = {}
         self.chunk_delay = 0.0
+        self.etags: dict[str, str] = {}
+        self.if_range: list[str | None] = []
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -53,7 +56,9 @@ class FileServer:
                     self.send_error(404)
                     return
                 start = 0
-                if rng and path not in owner.ignore_range:
+                owner.if_range.append(self.headers.get("If-Range"))
+                stale = self.headers.get("If-Range") not in (None, owner.etags.get(path))
+                if rng and path not in owner.ignore_range and not stale:
                     start = int(re.fullmatch(r"bytes=(\d+)-", rng).group(1))
                     if start >= len(data):
                         self.send_response(416)
@@ -66,6 +71,8 @@ class FileServer:
                 else:
                     self.send_response(200)
                 body = data[start:]
+                if path in owner.etags:
+                    self.send_header("ETag", owner.etags[path])
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if path in owner.drop_once:
@@ -190,6 +197,59 @@ def test_server_that_ignores_range_restarts_cleanly(tmp_path):
         path = hub.resolve(srv.url("/w.bin") + f"#sha256={sha(data)}").path
         assert path.read_bytes() == data  # not the first half twice
         assert srv.gets("/w.bin") == [None, f"bytes={len(data) // 2}-"]
+
+
+def test_a_file_changed_on_the_server_is_not_appended_to_the_old_part(tmp_path):
+    old, new = payload(seed=1), payload(seed=2)
+    with FileServer({"/w.bin": old}) as srv:
+        srv.etags["/w.bin"] = '"v1"'
+        srv.drop_once.add("/w.bin")
+        url = srv.url("/w.bin")  # no checksum: only the ETag tells that the file changed
+        with pytest.raises(WeightsError):
+            hub.download_url(url, hub.url_cache_path(url), retries=0)
+        srv.files["/w.bin"], srv.etags["/w.bin"] = new, '"v2"'
+        assert hub.resolve(url).path.read_bytes() == new
+        assert srv.gets("/w.bin") == [None, f"bytes={len(old) // 2}-"] and srv.if_range == [None, '"v1"']
+        assert not any(f.endswith((".part", ".validator")) for f in cache_files(tmp_path))
+
+
+def test_a_whole_part_file_is_verified_and_placed(tmp_path):
+    data = payload()
+    with FileServer({"/w.bin": data}) as srv:
+        url = srv.url("/w.bin")
+        part = hub.url_cache_path(url).with_name("w.bin.part")
+        part.parent.mkdir(parents=True)
+        part.write_bytes(data)  # a run that stopped between the last byte and the rename
+        assert hub.resolve(url + f"#sha256={sha(data)}").path.read_bytes() == data
+        assert srv.gets("/w.bin") == [f"bytes={len(data)}-"]  # answered 416, nothing sent again
+        part.write_bytes(data + b"extra")  # longer than the file: not a prefix, downloaded again
+        hub.url_cache_path(url).unlink()
+        assert hub.resolve(url + f"#sha256={sha(data)}").path.read_bytes() == data
+
+
+def test_without_checksum_or_validator_a_partial_file_starts_over(tmp_path):
+    data = payload()
+    with FileServer({"/w.bin": data}) as srv:
+        srv.drop_once.add("/w.bin")
+        assert hub.resolve(srv.url("/w.bin")).path.read_bytes() == data
+        assert srv.gets("/w.bin") == [None, None]  # nothing could check a resumed file, so no Range
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    data = payload(3 << 20)
+    with FileServer({"/big.bin": data}) as srv:
+        for tty, progress in ((True, True), (False, True), (True, False)):
+            err = Terminal() if tty else io.StringIO()
+            monkeypatch.setattr(sys, "stderr", err)
+            hub.download_url(srv.url("/big.bin"), tmp_path / f"{tty}-{progress}.bin", progress=progress)
+            drawn = f"{tty}-{progress}.bin:" in err.getvalue() and "3.00M" in err.getvalue()
+            assert drawn == (tty and progress), (tty, progress, err.getvalue())
 
 
 def test_checksum_mismatch_leaves_nothing_in_the_cache(tmp_path):

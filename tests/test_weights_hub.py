@@ -5,6 +5,8 @@ against transformers' and timm's own models; registry entries (a stand-in table)
 import hashlib
 import json
 import os
+import sys
+import time
 import types
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import vitlab
 from vitlab.cli import main
 from vitlab.preprocess import IMAGENET, Preprocess
 from vitlab.weights import WeightsError, hub, read_config, read_metadata
+from vitlab.weights import registry as shipped_registry
 
 from .conftest import perturb_
 from .test_weights_download import FileServer, install_registry, sha
@@ -66,6 +69,14 @@ def _env(monkeypatch, tmp_path):
     monkeypatch.setattr(hub, "BACKOFF", 0.0)
     monkeypatch.chdir(tmp_path)  # so that no "owner/repo" folder exists where the name is looked up
     install_registry(monkeypatch)
+
+
+def go_online(monkeypatch):
+    """Undo the fixture's HF_HUB_OFFLINE=1, also in huggingface_hub, which read it when first imported."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
 
 @pytest.fixture
@@ -152,10 +163,101 @@ def test_hub_unreachable_with_nothing_cached(tmp_path, monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+    go_online(monkeypatch)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(time, "sleep", lambda s: None)  # huggingface_hub retries 5 times with back-off (23 s)
     with pytest.raises(WeightsError, match=r"not in the Hugging Face cache and the Hub cannot be reached"):
         hub.resolve("hf-hub:acme/not-downloaded")
+
+
+class FakeHub:
+    """The Hub's file protocol, as huggingface_hub uses it, in a thread: HEAD / GET /{repo}/resolve/{rev}/{file}
+    answer with X-Repo-Commit and ETag, or 404 + X-Error-Code (EntryNotFound, RepoNotFound), or 403 GatedRepo."""
+
+    def __init__(self, repos: dict[str, Path], gated: tuple[str, ...] = ()):
+        import http.server
+        import re
+        import threading
+
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self, body_too: bool):
+                owner.requests.append((self.command, self.path, self.headers.get("Authorization")))
+                m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.path)
+                repo, file = (m.group(1), m.group(3)) if m else (None, None)
+                if repo in gated:
+                    return self.fail(403, "GatedRepo")
+                if repo not in repos:
+                    return self.fail(404, "RepoNotFound")
+                path = repos[repo] / file
+                if not path.is_file():
+                    return self.fail(404, "EntryNotFound")
+                data = path.read_bytes()
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", hashlib.sha1(repo.encode()).hexdigest())
+                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body_too:
+                    self.wfile.write(data)
+
+            def fail(self, status: int, code: str):
+                self.send_response(status)
+                self.send_header("X-Error-Code", code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_HEAD(self):
+                self.answer(False)
+
+            def do_GET(self):
+                self.answer(True)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+
+    def files_fetched(self, repo: str) -> list[str]:
+        return sorted({p.rsplit("/", 1)[1] for m, p, _ in self.requests if m == "GET" and p.startswith(f"/{repo}/")})
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_download_from_a_hub_endpoint_takes_only_what_a_vit_needs(tmp_path, monkeypatch):
+    theirs = hf_model()
+    theirs.save_pretrained(tmp_path / "a")
+    (tmp_path / "a" / "README.md").write_text("a model card")
+    (tmp_path / "a" / "tf_model.h5").write_bytes(b"not needed")
+    theirs.save_pretrained(tmp_path / "b")
+    (tmp_path / "b" / "model.safetensors").unlink()
+    torch.save(theirs.state_dict(), tmp_path / "b" / "pytorch_model.bin")
+    with FakeHub({"acme/a": tmp_path / "a", "acme/b": tmp_path / "b"}, gated=("acme/gated",)) as srv:
+        go_online(monkeypatch)
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.httpd.server_address[1]}")
+        monkeypatch.setenv("HF_TOKEN", "hf_vitlab_test")
+        x = torch.randn(2, 3, 32, 32)
+        for repo in ("acme/a", "acme/b"):
+            torch.testing.assert_close(vitlab.load_model(f"hf-hub:{repo}")(x), hf_logits(theirs, x), atol=ATOL, rtol=0)
+        assert srv.files_fetched("acme/a") == ["config.json", "model.safetensors"]
+        assert srv.files_fetched("acme/b") == ["config.json", "pytorch_model.bin"]
+        assert {auth for _, p, auth in srv.requests if p.startswith("/acme/")} == {"Bearer hf_vitlab_test"}
+        assert (tmp_path / "hf" / "models--acme--a" / "snapshots").is_dir()  # in the Hub's own cache
+        with pytest.raises(WeightsError, match=r"hf-hub:acme/gated is gated: accept its terms .* set HF_TOKEN"):
+            hub.resolve("hf-hub:acme/gated")
+        with pytest.raises(WeightsError, match="hf-hub:acme/nope: no such Hub repo"):
+            hub.resolve("hf-hub:acme/nope")
+        with pytest.raises(WeightsError, match=r"'acme/nope' is not a local file .* tried it as a Hugging Face Hub"):
+            hub.resolve("acme/nope")
 
 
 def test_pytorch_model_bin_when_there_is_no_safetensors(tmp_path):
@@ -241,6 +343,51 @@ def test_registry_entry_with_a_url_and_checksum(tmp_path, monkeypatch):
             vitlab.load_model("bad")
 
 
+def test_registry_checksum_of_a_hub_file(hf_repo, tmp_path, monkeypatch):
+    digest = sha((tmp_path / "saved" / "model.safetensors").read_bytes())
+    install_registry(monkeypatch, [entry(name="ok", filename="model.safetensors", sha256=digest),
+                                   entry(name="other", url=f"hf-hub:{OWNER_REPO}@main", sha256_prefix="0123abcd")])
+    assert hub.resolve("ok").path.name == hub.resolve(f"hf-hub:{OWNER_REPO}").path.name
+    with pytest.raises(WeightsError, match=f"model.safetensors has sha256 {digest}, the registry expects 0123abcd"):
+        hub.resolve("other")
+
+
+def test_the_shipped_registry_names_resolve_to_locations(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vitlab.weights.registry", shipped_registry)
+    monkeypatch.setattr(vitlab.weights, "registry", shipped_registry)
+    loc, e = hub.locate("vit_b_16.IMAGENET1K_V1")
+    file = "download.pytorch.org/models/vit_b_16-c867db91.pth"
+    assert (loc.kind, loc.url, loc.sha256) == ("url", f"https://{file}", "c867db91")
+    assert hub.cache_status(loc) == {"path": str(hub.cache_root() / file), "cached": False}
+    assert hub.entry_overrides(e)["num_classes"] == 1000
+    loc, e = hub.locate("gs://vit_models/imagenet21k/ViT-B_16.npz")
+    assert e.name == "gs://vit_models/imagenet21k/ViT-B_16.npz" and e.format == "npz"
+    loc, e = hub.locate("google/vit-base-patch16-224")  # an alias of the Hub entry
+    assert (loc.kind, loc.repo_id, e.name) == ("hub", "google/vit-base-patch16-224", f"hf-hub:{loc.repo_id}")
+    for entry_ in shipped_registry.list_entries():
+        loc, found = hub.locate(entry_.name)
+        assert found == entry_ and loc.kind in ("hub", "url")
+        assert hub.entry_preprocess(entry_).img_size == entry_.img_size
+
+
+def test_get_a_hub_repo_into_a_folder_offline(hf_repo, tmp_path, capsys):
+    assert main(["weights", "get", f"hf-hub:{OWNER_REPO}", "-o", "out"]) == 0
+    assert capsys.readouterr().out.strip() == "out"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors",
+                                                                    "preprocessor_config.json"]
+    assert not (tmp_path / "out" / "model.safetensors").is_symlink()
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(vitlab.load_model(tmp_path / "out")(x), hf_logits(hf_repo, x), atol=ATOL, rtol=0)
+
+
+def test_convert_takes_a_hub_name(hf_repo, tmp_path, capsys):
+    assert main(["convert", f"hf-hub:{OWNER_REPO}", "tiny.safetensors"]) == 0
+    x = torch.randn(1, 3, 32, 32)
+    converted = vitlab.load_model(tmp_path / "tiny.safetensors")
+    torch.testing.assert_close(converted(x), hf_logits(hf_repo, x), atol=ATOL, rtol=0)
+    assert converted.preprocess.mean == IMAGENET.mean
+
+
 def test_create_model_with_weights(hf_repo, monkeypatch):
     arch = dict(embed_dim=64, depth=2, num_heads=4, mlp_dim=128, patch_size=8, img_size=32, layer_norm_eps=1e-12)
     model = vitlab.create_model("ViT-Ti/16", weights=f"hf-hub:{OWNER_REPO}", num_classes=3, **arch).eval()
@@ -269,7 +416,7 @@ def test_recipe_init_checkpoint_takes_a_hub_name(hf_repo):
     bad = Recipe.from_dict({"model": {"name": "ViT-Ti/16", **arch}, "init": {"checkpoint": "nowhere.safetensors"},
                             "train": {"steps": 1}},
                            check_data=False)
-    with pytest.raises(FileNotFoundError, match=r"init\.checkpoint: no checkpoint named 'nowhere\.safetensors'"):
+    with pytest.raises(FileNotFoundError, match=r"init\.checkpoint: no checkpoint at nowhere\.safetensors"):
         build_model(bad, num_classes=10)
 
 
@@ -312,7 +459,7 @@ def test_cli_get_and_errors(tmp_path, monkeypatch, capsys):
 
         assert main(["weights", "get", "nothing-like-this"]) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith("vitlab weights get: error: no checkpoint named")
+        assert err.count("\n") == 1 and err.startswith("vitlab weights get: error: no checkpoint at nothing-like-this")
         monkeypatch.setenv("VITLAB_OFFLINE", "1")
         assert main(["weights", "get", srv.url("/other.npz")]) == 1
         err = capsys.readouterr().err

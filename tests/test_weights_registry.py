@@ -55,10 +55,11 @@ def test_every_entry_builds_and_parses(entry: registry.Entry) -> None:
 
 
 def test_configs_build_real_models_with_the_counted_parameters() -> None:
-    """count_params (used for every entry above) agrees with the module actually built, once per distinct config."""
+    """count_params (used for every entry above) agrees with the module actually built, once per distinct
+    architecture (the input size only changes the position table, which count_params covers exactly)."""
     seen: set[str] = set()
     for e in ENTRIES:
-        key = json.dumps(e.config, sort_keys=True) + e.variant
+        key = json.dumps({k: v for k, v in e.config.items() if k != "img_size"}, sort_keys=True) + e.variant
         if key in seen:
             continue
         seen.add(key)
@@ -120,7 +121,7 @@ def test_torchvision_entries_match_torchvision(entry: registry.Entry) -> None:
     assert entry.num_classes == len(weights.meta["categories"])
     assert entry.accuracy["value"] == weights.meta["_metrics"]["ImageNet-1K"]["acc@1"]
     assert count_params(entry.model_config()) == weights.meta["num_params"]  # the architecture is theirs
-    assert (f"{enum_name}.DEFAULT" in entry.aliases) == (getattr(tvm, enum_name).DEFAULT == weights)
+    assert (f"{enum_name}.DEFAULT" in entry.aliases) == (weights == getattr(tvm, enum_name).DEFAULT)
     if "SWAG" in member:
         assert entry.license == "CC-BY-NC-4.0" and weights.meta["license"].startswith("https://github.com/"
                                                                                         "facebookresearch/SWAG")
@@ -236,7 +237,7 @@ def _raw() -> list[dict]:
     (lambda r: r[0].update(variant="ViT-X/16"), r"entry 0 \(gs://vit_models/imagenet21k/ViT-B_16\.npz\).*variant"),
     (lambda r: r[1].update(img_size=100), r"entry 1 .*does not build"),
     (lambda r: r[2]["preprocess"].update(interpolation="lanczos"), r"entry 2 .*bad preprocess.*interpolation"),
-    (lambda r: r[3].pop("license"), r"entry 3 .*missing field.*license"),
+    (lambda r: r[3].pop("license"), r"entry 3\b.*missing field.*license"),
     (lambda r: r[4].update(aliases=[r[5]["name"]]), r"names both"),
     (lambda r: r[5].update(sha256_prefix="C867DB91"), r"sha256_prefix"),
     (lambda r: r[6].update(labels=None), r"labels is null exactly when"),

@@ -218,13 +218,18 @@ def preprocess_of(source: Any, *, what: str | None = None, **overrides: Any) -> 
         return source.replace(**overrides) if overrides else source
     if isinstance(source, Mapping):
         return Preprocess.from_dict({**source, **overrides})
-    if isinstance(source, str | Path):
-        from ..weights.api import read_config
+    if isinstance(source, str | Path):  # a path or any name vitlab.weights.hub.resolve takes
+        from ..weights import hub
         from ..weights.checkpoint import read_checkpoint
+        from ..weights.infer import infer_config
 
-        ckpt = read_checkpoint(source)
-        cfg = ckpt.config or read_config(source)
-        return resolve(ckpt.preprocess, img_size=cfg.img_size, in_chans=cfg.in_chans, overrides=overrides,
+        resolved = hub.resolve(source)
+        ckpt = read_checkpoint(resolved.path)
+        own = hub.entry_preprocess(resolved.entry) or ckpt.preprocess
+        if own is not None:
+            return resolve(own, overrides=overrides, what=what or str(source))
+        cfg = ckpt.config or infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]
+        return resolve(None, img_size=cfg.img_size, in_chans=cfg.in_chans, overrides=overrides,
                        what=what or str(source))
     cfg = getattr(source, "cfg", None)
     if hasattr(source, "state") and hasattr(source, "format"):  # a Checkpoint

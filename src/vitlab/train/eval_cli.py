@@ -79,8 +79,12 @@ def format_result(r: dict[str, Any]) -> str:
     tta = "" if r.get("tta", "none") == "none" else f", test-time augmentation: {r['tta']}"
     crop = f", centre crop {r['crop_fraction']:g}" if r.get("eval_resize") == "center_crop" else ""
     lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images{crop}{tta})",
-             f"top-1 {100 * r['top1']:.2f}%   top-5 {100 * r['top5']:.2f}%   loss {r['loss']:.4f}", "",
-             "per-class accuracy:"]
+             f"top-1 {100 * r['top1']:.2f}%   top-5 {100 * r['top5']:.2f}%   loss {r['loss']:.4f}"]
+    if r.get("preprocess"):
+        from ..preprocess import Preprocess
+
+        lines.append(f"preprocessing: {Preprocess.from_dict(r['preprocess']).describe()}")
+    lines += ["", "per-class accuracy:"]
     width = max(len(c) for c in r["classes"])
     lines += [f"  {c:<{width}}  {100 * a:6.2f}%" for c, a in r["per_class"].items()]
     if len(r["classes"]) <= 20:

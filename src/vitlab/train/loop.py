@@ -103,7 +103,10 @@ def init_preprocess(recipe: Recipe) -> Any:
         return None
     from ..weights.checkpoint import read_preprocess
 
-    return read_preprocess(recipe.init.checkpoint)
+    try:
+        return read_preprocess(recipe.init.checkpoint)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"init.checkpoint: {e}") from None
 
 
 def data_config_with_init(recipe: Recipe) -> Any:

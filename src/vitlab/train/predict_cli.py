@@ -36,14 +36,17 @@ def predict(checkpoint: str, images: list[str], top_k: int = 5, normalize: str |
     from ..data import load_images, preprocess_of
     from ..data.labels import class_names
     from ..preprocess import cli_overrides
-    from ..weights import load_model, read_metadata
+    from ..weights import hub, load_model, read_metadata
 
     if top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {top_k}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     model = load_model(checkpoint)
-    meta = read_metadata(checkpoint) or {}
+    meta = dict(read_metadata(checkpoint) or {})
+    entry = hub.resolve(checkpoint).entry  # a registry name says its label set ("imagenet-1k", ...)
+    if entry is not None and getattr(entry, "labels", None):
+        meta.setdefault("labels", entry.labels)
     classes = class_names(meta, model.cfg.num_classes)
     overrides = cli_overrides(normalize=normalize, resize=resize, crop_fraction=crop_fraction,
                               interpolation=interpolation, in_chans=model.cfg.in_chans)

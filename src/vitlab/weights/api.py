@@ -43,8 +43,8 @@ def load_weights(
     Args:
         model: The destination, built with the architecture of the checkpoint (image size and classes may differ).
         path: File or directory, or any name `vitlab.weights.hub.resolve` takes: a registry name, "hf-hub:owner/repo",
-            "gs://bucket/key", an https URL (downloaded once into the cache). A registry entry also sets
-            `model.preprocess` to the entry's preprocessing.
+            "gs://bucket/key", an https URL (downloaded once into the cache). `model.preprocess` becomes the
+            registry entry's preprocessing, else the checkpoint's (when known).
         pos_embed_resize: "jax" | "bilinear" | "bicubic"; default "jax" for `.npz`, "bicubic" otherwise.
         strict: Raise when tensors are missing or left over (see `apply_state_dict`).
         checkpoint_grid: The checkpoint's patch grid (gh, gw), needed only to resample a non-square table from a
@@ -66,7 +66,7 @@ def load_weights(
     if checkpoint_grid is not None:
         ckpt.grid = tuple(checkpoint_grid)
     report = _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
-    entry_pp = hub.entry_preprocess(resolved.entry)
+    entry_pp = hub.entry_preprocess(resolved.entry) or ckpt.preprocess  # the entry's facts, else the file's
     if entry_pp is not None:
         model.preprocess = resolve_preprocess(entry_pp, img_size=model.cfg.img_size, in_chans=model.cfg.in_chans)
     return report

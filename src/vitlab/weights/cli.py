@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def _img_size(text: str) -> int | tuple[int, int]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("src", type=Path, help="checkpoint: .npz (vit_jax), .safetensors, .pth/.bin, or a transformers dir")
+    p.add_argument("src", help="checkpoint: .npz (vit_jax), .safetensors, .pth/.bin, a transformers dir, or a name "
+                               "(registry, hf-hub:owner/repo, gs://, https://; see `vitlab weights`)")
     p.add_argument("dst", type=Path, help="output: a file, or for --to hf a directory")
     p.add_argument("--to", choices=EXPORT_FORMATS,
                    help="vitlab: .safetensors with the config inside; npz: Google's vit_jax names; hf: a transformers "
@@ -48,14 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resampling mode (default: jax for .npz sources, bicubic otherwise)")
 
 
-def convert(src: Path, dst: Path, *, force: bool = False, pos_embed_resize: str | None = None, to: str | None = None,
-            **overrides) -> str:
+def convert(src: str | Path, dst: Path, *, force: bool = False, pos_embed_resize: str | None = None,
+            to: str | None = None, **overrides) -> str:
     """Convert `src` to `dst` in format `to` (default: from the suffix); returns the load report and what was
     written as text. Metadata of the source is carried over where the format holds it."""
     to = to or _format_from_suffix(dst)
     if dst.exists() and not force and not (to == "hf" and dst.is_dir() and not any(dst.iterdir())):
         raise FileExistsError(f"{dst} already exists; pass --force to replace it")
-    if src.exists() and dst.exists() and src.resolve() == dst.resolve():
+    if os.path.exists(src) and dst.exists() and Path(src).resolve() == dst.resolve():
         raise ValueError(f"source and destination are the same file: {src}")
     model, report = load_model(src, pos_embed_resize=pos_embed_resize, return_report=True, **overrides)
     meta = {**read_metadata(src), "converted_from": {"path": str(src), "format": report.format}}

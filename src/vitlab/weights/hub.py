@@ -231,7 +231,7 @@ def _close_names(text: str) -> str:
 
 
 def _not_found(text: str) -> str:
-    return (f"no checkpoint named {text!r}: not a local file or directory, not a registry name, not a URL "
+    return (f"no checkpoint at {text}: not a local file or directory, not a registry name, not a URL "
             f"(https://..., gs://bucket/key) and not a Hub id (hf-hub:owner/repo){_close_names(text)}")
 
 
@@ -280,12 +280,19 @@ def fetch_to(name_or_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
     """Like `resolve`, but the files end up in `out_dir` as plain files (for `vitlab weights get -o DIR`).
 
     URLs: `out_dir/<file name>` (copied from the cache when it is there, else downloaded straight to it);
-    Hub repos: the needed files in `out_dir` (huggingface_hub's `local_dir`); local paths: copied.
+    Hub repos: the files a ViT needs copied from the Hub's cache into `out_dir`; local paths: copied.
     """
     out = Path(out_dir)
     loc, entry = locate(name_or_path)
     if loc.kind == "hub":
-        return Resolved(hub_download(loc, local_dir=out, progress=progress), entry)
+        got = hub_download(loc, progress=progress)
+        folder = got.parent if got.is_file() else got
+        names = (loc.filename,) if loc.filename else HUB_WEIGHTS
+        weights = got if got.is_file() else next(folder / n for n in names if (folder / n).is_file())
+        for file in [weights, *(folder / n for n in HUB_CONFIG if (folder / n).is_file())]:
+            if not (out / file.name).exists():
+                _copy_atomic(file, out / file.name)
+        return Resolved(out / got.name if got.is_file() else out, entry)
     if loc.kind == "url":
         assert loc.url is not None
         dest = out / url_cache_path(loc.url, Path(".")).name
@@ -333,12 +340,26 @@ def entry_preprocess(entry: Entry | None) -> Any:
 # -- the Hugging Face Hub ---------------------------------------------------------------------------------
 
 
-def hub_download(loc: Location, *, local_dir: Path | None = None, progress: bool = True) -> Path:
-    """Fetch a Hub repo's config and weights through huggingface_hub; returns the folder holding them (the file,
-    when the registry names a weights file other than the usual two)."""
+# (repo, revision, filename, checksum, cache folder) -> what hub_download returned: loading, reading the metadata
+# and the preprocessing of one name in one process asks the Hub once, not once per call.
+_HUB_RESOLVED: dict[tuple[str | None, ...], Path] = {}
+
+
+def hub_download(loc: Location, *, progress: bool = True) -> Path:
+    """Fetch a Hub repo's config and weights through huggingface_hub; returns the snapshot folder holding them
+    (the weights file itself when the registry names an unusual one or the repo has no config.json)."""
+    assert loc.repo_id is not None
+    key = (loc.repo_id, loc.revision, loc.filename, loc.sha256, str(hf_cache_dir()))
+    if key in _HUB_RESOLVED and _HUB_RESOLVED[key].exists():
+        return _HUB_RESOLVED[key]
+    _HUB_RESOLVED[key] = path = _hub_download(loc, progress=progress)
+    return path
+
+
+def _hub_download(loc: Location, *, progress: bool) -> Path:
     try:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import (
+        from huggingface_hub.utils import (  # where both 0.24 and 1.x / 2.x export them
             EntryNotFoundError,
             GatedRepoError,
             LocalEntryNotFoundError,
@@ -349,13 +370,12 @@ def hub_download(loc: Location, *, local_dir: Path | None = None, progress: bool
         raise WeightsError(f"{loc.text}: reading from the Hugging Face Hub needs huggingface_hub ({e})") from e
     assert loc.repo_id is not None
     repo, offline = loc.repo_id, offline_reason()
+    if offline is None and _hf_offline_at_import():
+        offline = "HF_HUB_OFFLINE was set when huggingface_hub was imported"
     where = f"hf-hub:{repo}" + (f"@{loc.revision}" if loc.revision else "")
     kwargs: dict[str, Any] = dict(revision=loc.revision, local_files_only=offline is not None,
-                                  endpoint=os.environ.get("HF_ENDPOINT") or None)  # a mirror, read at call time
-    if local_dir is not None:
-        kwargs["local_dir"] = local_dir
-    else:
-        kwargs["cache_dir"] = hf_cache_dir()
+                                  endpoint=os.environ.get("HF_ENDPOINT") or None,  # a mirror, read at call time
+                                  cache_dir=hf_cache_dir())
     if (not progress or not sys.stderr.isatty()) and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
         kwargs["tqdm_class"] = _quiet_tqdm()
 
@@ -372,16 +392,13 @@ def hub_download(loc: Location, *, local_dir: Path | None = None, progress: bool
         except RevisionNotFoundError as e:
             raise WeightsError(f"{where}: the repo has no revision {loc.revision!r}") from e
         except LocalEntryNotFoundError:
-            if offline is None and not _hub_cached_any(repo, loc.revision, local_dir):
+            if offline is None and not _hub_cached_any(repo, loc.revision):
                 raise _hub_unreachable(loc, where, "the Hub cannot be reached") from None
             return None
         except EntryNotFoundError:
             return None
 
-    if loc.filename is not None and loc.filename not in HUB_WEIGHTS:
-        names = (loc.filename,)
-    else:
-        names = (loc.filename,) if loc.filename else HUB_WEIGHTS
+    names = (loc.filename,) if loc.filename else HUB_WEIGHTS
     weights = None
     for filename in names:
         weights = get(filename)
@@ -393,11 +410,17 @@ def hub_download(loc: Location, *, local_dir: Path | None = None, progress: bool
         raise WeightsError(f"{where}: the repo has none of {', '.join(names)}")
     if loc.sha256 is not None:
         _check_hub_file(weights, loc.sha256, where)
-    for filename in HUB_CONFIG:
-        get(filename)
-    if weights.name in HUB_WEIGHTS:
-        return weights.parent
-    return weights
+    configs = [get(filename) for filename in HUB_CONFIG]
+    if weights.name in HUB_WEIGHTS and configs[0] is not None:
+        return weights.parent  # the snapshot folder: config.json (+ preprocessor_config.json) beside the weights
+    return weights  # a file the reader identifies by its tensors (a config.json beside it is still used)
+
+
+def _hf_offline_at_import() -> bool:
+    """huggingface_hub reads HF_HUB_OFFLINE once, at import, and then refuses every request."""
+    from huggingface_hub import constants
+
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
 
 
 def _check_hub_file(path: Path, sha256: str, where: str) -> None:
@@ -410,9 +433,7 @@ def _check_hub_file(path: Path, sha256: str, where: str) -> None:
                            f"{'...' if len(sha256) < 64 else ''} (another revision of the repo?)")
 
 
-def _hub_cached_any(repo: str, revision: str | None, local_dir: Path | None) -> bool:
-    if local_dir is not None:
-        return any((local_dir / n).is_file() for n in HUB_WEIGHTS)
+def _hub_cached_any(repo: str, revision: str | None) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
     return any(isinstance(try_to_load_from_cache(repo, n, cache_dir=hf_cache_dir(), revision=revision), str)
@@ -510,7 +531,7 @@ def download_url(url: str, dest: str | os.PathLike[str], *, sha256: str | None =
             return _check_cached(dest, sha256)
         for attempt in range(retries + 1):
             try:
-                _fetch(url, part, progress=progress, timeout=timeout)
+                _fetch(url, part, progress=progress, timeout=timeout, verified=sha256 is not None)
                 break
             except _Unreachable as e:
                 host = urllib.parse.urlsplit(url).netloc
@@ -523,6 +544,7 @@ def download_url(url: str, dest: str | os.PathLike[str], *, sha256: str | None =
                 delay = BACKOFF * 2**attempt
                 log.warning("%s: %s; retrying in %.1fs (try %d of %d)", url, e, delay, attempt + 2, retries + 1)
                 time.sleep(delay)
+        part.with_name(part.name + ".validator").unlink(missing_ok=True)
         digest = _sha256(part)
         if sha256 is not None and not digest.startswith(sha256):
             size = part.stat().st_size
@@ -536,19 +558,31 @@ def download_url(url: str, dest: str | os.PathLike[str], *, sha256: str | None =
     return dest
 
 
-def _fetch(url: str, part: Path, *, progress: bool, timeout: float) -> None:
+def _fetch(url: str, part: Path, *, progress: bool, timeout: float, verified: bool) -> None:
     """One HTTP request: append to `part` from its current size (Range), or rewrite it when the server sends
-    the whole file. Raises _Transient when the body ends early or the connection fails."""
+    the whole file. Raises _Transient when the body ends early or the connection fails.
+
+    A resumed request carries `If-Range` with the ETag / Last-Modified of the first response, so a file that
+    changed on the server is sent whole instead of appended to the old prefix. Without such a validator a partial
+    file is resumed only when a checksum will verify the result (`verified`); otherwise it starts over."""
     offset = part.stat().st_size if part.exists() else 0
+    validator_file = part.with_name(part.name + ".validator")
+    validator = validator_file.read_text().strip() if offset and validator_file.exists() else ""
+    if offset and not validator and not verified:
+        offset = 0
     headers = {"User-Agent": "vitlab (python urllib)", "Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+        if validator:
+            headers["If-Range"] = validator
     request = urllib.request.Request(url, headers=headers)
     try:
         response = urllib.request.urlopen(request, timeout=timeout)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and offset:  # the partial file is not a prefix we can extend: start over
-            part.unlink()
+        if e.code == 416 and offset:
+            if (e.headers.get("Content-Range") or "").strip() == f"bytes */{offset}":
+                return  # the partial file is already whole (a run stopped before verifying it): verify it now
+            part.unlink()  # not a prefix we can extend: start over
             raise _Transient("the server refused to resume the partial file (HTTP 416); starting over") from None
         if e.code in (408, 425, 429) or e.code >= 500:
             raise _Transient(f"HTTP {e.code} {e.reason}") from None
@@ -576,6 +610,12 @@ def _fetch(url: str, part: Path, *, progress: bool, timeout: float) -> None:
             offset, mode = 0, "wb"
             length = response.headers.get("Content-Length")
             total = int(length) if length and length.isdigit() else None
+            etag = response.headers.get("ETag") or ""
+            validator = etag if etag and not etag.startswith("W/") else response.headers.get("Last-Modified") or ""
+            if validator:  # a strong ETag or a date: what If-Range accepts
+                validator_file.write_text(validator + "\n")
+            else:
+                validator_file.unlink(missing_ok=True)
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=offset, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,

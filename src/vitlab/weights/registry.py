@@ -195,7 +195,8 @@ class _Table:
                 self.by_key[key] = e
             url = _normal_url(e.url)
             other = self.by_url.get(url)
-            _check(other is None, where, f"url {e.url!r} of {e.name!r} is also the url of {other.name if other else ''!r}")
+            _check(other is None, where,
+                   f"url {e.url!r} of {e.name!r} is also the url of {other.name if other else ''!r}")
             self.by_url[url] = e
         self.folded: dict[str, list[Entry]] = {}
         for key, e in self.by_key.items():
@@ -255,7 +256,7 @@ def get(name: str) -> Entry:
 
 def _describe_preprocess(p: dict[str, Any]) -> str:
     pre = Preprocess.from_dict(p)
-    h, w = pre.hw
+    h = pre.hw[0]
     stats = pre.normalize or f"mean {list(pre.mean)} std {list(pre.std)}"
     if pre.resize == "resize" and pre.crop_fraction == 1.0:
         how = f"squash to {h}"
