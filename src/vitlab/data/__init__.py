@@ -5,6 +5,7 @@ from .batch_augment import resized_crop_batch, sample_crop_boxes
 from .build import build_eval_data, build_train_stream
 from .config import DataConfig, parse_data_spec
 from .images import BadImageError, BadImageWarning, load_images, preprocess_of, preprocess_transform, transforms_for
+from .labels import class_names, imagenet_classes
 from .stream import EvalData, TrainStream
 
 __all__ = [
@@ -15,6 +16,8 @@ __all__ = [
     "TrainStream",
     "build_eval_data",
     "build_train_stream",
+    "class_names",
+    "imagenet_classes",
     "load_images",
     "parse_data_spec",
     "preprocess_of",

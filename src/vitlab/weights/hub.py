@@ -379,10 +379,18 @@ def _hub_download(loc: Location, *, progress: bool) -> Path:
     if (not progress or not sys.stderr.isatty()) and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
         kwargs["tqdm_class"] = _quiet_tqdm()
 
+    if offline is None:
+        unreachable = _endpoint_unreachable(kwargs["endpoint"] or "https://huggingface.co")
+        if unreachable is not None:  # fail (or use the cache) now, not after huggingface_hub's ~25 s of retries
+            if not _hub_cached_any(repo, loc.revision):
+                raise _hub_unreachable(loc, where, f"the Hub cannot be reached ({unreachable})")
+            kwargs["local_files_only"] = True
+
     def get(filename: str) -> Path | None:
         """The local file, or None when the repo has no such file (or, offline, the cache does not)."""
         try:
-            return Path(hf_hub_download(repo, filename, **kwargs))
+            with _quiet_hf_logs():
+                return Path(hf_hub_download(repo, filename, **kwargs))
         except GatedRepoError as e:
             raise WeightsError(f"{where} is gated: accept its terms at https://huggingface.co/{repo}, then log in "
                                "(`hf auth login`) or set HF_TOKEN") from e
@@ -414,6 +422,35 @@ def _hub_download(loc: Location, *, progress: bool) -> Path:
     if weights.name in HUB_WEIGHTS and configs[0] is not None:
         return weights.parent  # the snapshot folder: config.json (+ preprocessor_config.json) beside the weights
     return weights  # a file the reader identifies by its tensors (a config.json beside it is still used)
+
+
+_REACHABLE: dict[str, str | None] = {}
+
+
+def _endpoint_unreachable(endpoint: str, timeout: float = 5.0) -> str | None:
+    """Why the Hub endpoint's host cannot be reached (name lookup or TCP connect), or None; asked once per process."""
+    if endpoint not in _REACHABLE:
+        parts = urllib.parse.urlsplit(endpoint)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            _REACHABLE[endpoint] = None
+        except OSError as e:
+            _REACHABLE[endpoint] = f"{host}: {e.strerror or e}"
+    return _REACHABLE[endpoint]
+
+
+@contextlib.contextmanager
+def _quiet_hf_logs() -> Iterator[None]:
+    """huggingface_hub logs each retry as a warning; vitlab reports the outcome in one message instead."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _hf_offline_at_import() -> bool:
