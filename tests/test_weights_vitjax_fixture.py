@@ -82,3 +82,13 @@ def test_epsilons_travel_in_our_safetensors(tmp_path, expected):
     back = vitlab.load_model(tmp_path / "hybrid.safetensors")
     assert back.cfg.hybrid_eps == "vit_jax"
     close(logits(back, expected["hybrid_inputs"]), expected["hybrid_logits_exact"], ATOL)
+
+
+def test_load_weights_into_a_built_hybrid_follows_the_weights_source(expected):
+    """A model built with timm's epsilons (the default) switches to vit_jax's when Google's file is loaded into it."""
+    model = vitlab.create_model("R50+ViT-B/16", embed_dim=16, depth=2, num_heads=2, mlp_dim=32, img_size=16,
+                                hybrid_layers=(1,), hybrid_width=32, num_classes=5)
+    assert model.cfg.hybrid_eps == "timm"
+    report = vitlab.load_weights(model, FIXTURES / "hybrid_released.npz")
+    assert model.cfg.hybrid_eps == "vit_jax" and any("hybrid_eps" in m for m in report.messages)
+    close(logits(model.eval(), expected["hybrid_inputs"]), expected["hybrid_logits_exact"], ATOL)

@@ -92,6 +92,15 @@ class GroupNormAct(nn.GroupNorm):
         return F.relu(x) if self.act else x
 
 
+def set_eps(backbone: nn.Module, eps: str) -> None:
+    """Switch a built backbone to another source's epsilons (weights loaded from that source), in place."""
+    for m in backbone.modules():
+        if isinstance(m, StdConv2d):
+            m.eps, m.on_std = EPS[eps].ws, EPS[eps].ws_on_std
+        elif isinstance(m, GroupNormAct):
+            m.eps = EPS[eps].gn
+
+
 class MaxPoolSame(nn.Module):
     """3x3 / 2 max-pool with "SAME" padding (pads with -inf, so padding never wins)."""
 

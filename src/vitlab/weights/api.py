@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..config import RESIZE_MODES, ViTConfig
+from ..hybrid import set_eps
 from ..model import VisionTransformer
 from ..preprocess import resolve as resolve_preprocess
 from . import hub, npz, ours
@@ -66,6 +67,12 @@ def load_weights(
     if checkpoint_grid is not None:
         ckpt.grid = tuple(checkpoint_grid)
     report = _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
+    eps = ckpt.known.get("hybrid_eps")
+    if eps is not None and model.cfg.hybrid_layers is not None and eps != model.cfg.hybrid_eps:
+        # the ResNet's numerics follow the weights' source (docs/weights.md, "Hybrid numerics")
+        set_eps(model.patch_embed.backbone, eps)
+        report.messages.append(f"hybrid_eps: {model.cfg.hybrid_eps!r} -> {eps!r}, the epsilons of the weights' source")
+        model.cfg = model.cfg.replace(hybrid_eps=eps)
     entry_pp = hub.entry_preprocess(resolved.entry) or ckpt.preprocess  # the entry's facts, else the file's
     if entry_pp is not None:
         model.preprocess = resolve_preprocess(entry_pp, img_size=model.cfg.img_size, in_chans=model.cfg.in_chans)

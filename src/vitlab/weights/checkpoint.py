@@ -72,6 +72,12 @@ def _convention(ckpt: Checkpoint) -> pp.Preprocess | None:
         if size == 224:
             return pp.torchvision_classification(224, 256, "bilinear", "torchvision convention (IMAGENET1K_V1)")
         return pp.torchvision_classification(size, size, "bicubic", "torchvision convention (SWAG_E2E_V1)")
+    if ckpt.format == "big_vision":
+        # big_vision's ImageNet ViT configs (vit_i1k.py, vit_s16_i1k.py) evaluate with
+        # decode|resize_small(256)|central_crop(224)|value_range(-1, 1): shorter side to size / 0.875, centre crop;
+        # resize_small's "area" method is TF's box filter, closest here is PIL's antialiased bilinear
+        return pp.Preprocess(size, pp.INCEPTION.mean, pp.INCEPTION.std, "center_crop", 0.875, "bilinear", "rgb",
+                             "big_vision convention (configs/vit_i1k.py pp_eval)")
     return pp.vit_jax(size)
 
 

@@ -218,7 +218,7 @@ def _require_hub(what: str) -> None:
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
-        raise ImportError(f"{what} needs huggingface_hub: pip install 'vitlab[hub]'") from None
+        raise ImportError(f"{what} needs huggingface_hub (a vitlab dependency): pip install huggingface_hub") from None
 
 
 def _model_card(model: VisionTransformer, metadata: dict[str, Any] | None) -> str:
