@@ -4,13 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean bench
+.PHONY: demo test lint install clean bench floors
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements-lock.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .  # setuptools from the lock: no download
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,10 +25,26 @@ demo: $(STAMP) dataset
 
 test: $(STAMP) dataset
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# The tests that cover the dependencies, at their floors (requirements-floor.txt) in a venv of their own that
+# borrows torch, torchvision and the rest from .venv through a .pth line after its own site-packages. Downloads.
+FLOOR_TESTS := tests/test_model.py tests/test_posembed.py tests/test_hybrid.py tests/test_weights_ours.py \
+  tests/test_weights_safety.py tests/test_weights_hf.py tests/test_weights_timm.py tests/test_weights_infer.py \
+  tests/test_weights_hub.py tests/test_weights_download.py tests/test_weights_registry.py \
+  tests/test_weights_publish.py tests/test_preprocess.py tests/test_data_arrays.py tests/test_data_webdataset.py \
+  tests/test_data_randaugment.py tests/test_analysis_report.py tests/test_train.py
+floors: $(STAMP)
+	rm -rf .venv-floors && $(PY) -m venv .venv-floors
+	grep -v '^timm==' requirements-floor.txt | .venv-floors/bin/pip install -q -r /dev/stdin
+	.venv-floors/bin/pip install -q --no-deps $$(grep '^timm==' requirements-floor.txt)  # its torch: .venv's
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$(.venv-floors/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz_dotvenv.pth"
+	PYTHONPATH=src .venv-floors/bin/python -m pytest -q -p no:cacheprovider $(FLOOR_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/vitlab bench
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) .venv-floors runs build *.egg-info

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitlab.bench import _time_calls
+from vitlab.bench.timing import time_calls
 
 # (what, batch, heads, tokens, head dim)
 SHAPES = [
@@ -30,7 +30,7 @@ SHAPES = [
 
 def time_ms(fn, repeats: int) -> float:
     """Median milliseconds per call (vitlab.bench's timer: 2 warm-up calls, then `repeats` timed ones)."""
-    return 1e3 * statistics.median(_time_calls(fn, warmup=2, rounds=repeats, iters=1, device="cpu"))
+    return 1e3 * statistics.median(time_calls(fn, warmup=2, rounds=repeats, iters=1, device="cpu"))
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     from vitlab.allocator import keep_freed_memory
-    from vitlab.train.loop import cpu_has_amx
+    from vitlab.precision import cpu_has_amx
 
     keep_freed_memory()
     lines = [f"Attention forward + backward, {args.threads} threads, median of {args.repeats}, CPU with AMX: "

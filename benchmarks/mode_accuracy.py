@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import vitlab
 from vitlab.bench import machine_info, mode_accuracy
 from vitlab.data.build import build_eval_data
 from vitlab.data.config import DataConfig
+from vitlab.io import write_atomic
 
 
 def batches(split: str, img_size: int, in_chans: int, batch_size: int):
@@ -78,12 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'mode':<14}{'agreement':>10}{'accuracy':>10}   ({len(labels)} Fashion-MNIST test images)")
     for mode, r in report.items():
         print(f"{mode:<14}{100 * r['agreement_with_fp32']:>9.2f}%{100 * r['accuracy']:>9.2f}%")
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(tmp, path)
+    path = write_atomic(Path(args.out), json.dumps(out, indent=1), overwrite=True)
     print(f"wrote {path}")
     return 0
 

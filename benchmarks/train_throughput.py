@@ -29,8 +29,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from vitlab.precision import resolve_precision
 from vitlab.train import load_recipe
-from vitlab.train.loop import build_model, resolve_precision, train_step
+from vitlab.train.loop import build_model, train_step
 from vitlab.train.mixup import BatchMix
 from vitlab.train.optim import build_optimizer
 

@@ -6,7 +6,8 @@ import torch
 # 2 cores: keep the suite deterministic and avoid oversubscription.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-FMNIST_ROOT = "/usr/share/datasets/fashion-mnist"
+# VITLAB_FMNIST_DIR=/nonexistent hides the real dataset (to check what runs on a machine without it).
+FMNIST_ROOT = os.environ.get("VITLAB_FMNIST_DIR", "/usr/share/datasets/fashion-mnist")
 
 
 @pytest.fixture(autouse=True)
@@ -29,3 +30,10 @@ def fmnist_root():
     if not os.path.isdir(FMNIST_ROOT):
         pytest.skip("dataset-fashion-mnist not installed")
     return FMNIST_ROOT
+
+
+@pytest.fixture
+def synthetic_data() -> dict:
+    """The `data:` section for tests of the plumbing (training, resume, DDP, CLI), not of learning real images:
+    vitlab's in-memory `synthetic` dataset, shaped like Fashion-MNIST, so these tests run on every machine."""
+    return {"dataset": "synthetic"}

@@ -1,6 +1,7 @@
 """`vitlab analyze` and `vitlab fewshot` end to end on tiny random models."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -45,20 +46,25 @@ def test_analyze_writes_png_json_html_from_image_files(tiny_checkpoint, tmp_path
     assert "--force" in capsys.readouterr().err
 
 
-def test_analyze_reads_a_dataset(tiny_checkpoint, tmp_path, fmnist_root):
+def test_analyze_reads_a_dataset(tiny_checkpoint, tmp_path):
     out = tmp_path / "r"
-    assert main(["analyze", str(tiny_checkpoint), "--data", "fashion_mnist", "--num-images", "5", "-o", str(out)]) == 0
+    assert main(["analyze", str(tiny_checkpoint), "--data", "synthetic", "--num-images", "5", "-o", str(out)]) == 0
     roll = json.loads((out / "attention_rollout.json").read_text())
     assert np.asarray(roll["maps"]).shape == (5, 7, 7)
 
 
-def test_analyze_errors_name_the_problem(tiny_checkpoint, tmp_path):
-    with pytest.raises(SystemExit, match="does not exist"):
-        main(["analyze", str(tmp_path / "nope.safetensors"), "--images", "x.png", "-o", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match=r"image .*missing\.png does not exist"):
-        main(["analyze", str(tiny_checkpoint), "--images", str(tmp_path / "missing.png"), "-o", str(tmp_path / "o")])
-    with pytest.raises(SystemExit, match="not a layer of this 2-layer model"):
-        main(["analyze", str(tiny_checkpoint), "--images", "x.png", "-o", str(tmp_path / "o"), "--layer-maps", "3"])
+def test_analyze_errors_name_the_problem(tiny_checkpoint, tmp_path, capsys):
+    """One line `vitlab analyze: error: ...` on stderr, no traceback; exit 1 for the input, 2 for a bad option."""
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "nope.safetensors"), "--images", "x.png", "-o", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("vitlab analyze: error: ") and "does not exist" in err and "Traceback" not in err
+    assert main(["analyze", str(tiny_checkpoint), "--images", str(tmp_path / "missing.png"), "-o",
+                 str(tmp_path / "o")]) == 1
+    assert re.search(r"image .*missing\.png does not exist", capsys.readouterr().err)
+    assert main(["analyze", str(tiny_checkpoint), "--images", "x.png", "-o", str(tmp_path / "o"), "--layer-maps",
+                 "3"]) == 2
+    assert "not a layer of this 2-layer model" in capsys.readouterr().err
 
 
 def test_fewshot_cli_on_fashion_mnist(tiny_checkpoint, tmp_path, fmnist_root, capsys):
@@ -75,5 +81,6 @@ def test_fewshot_cli_on_fashion_mnist(tiny_checkpoint, tmp_path, fmnist_root, ca
     # even a random tiny model's 32 features beat chance (10%; 3 sigma on 300 images is 15%) with 10 shots
     assert res["results"][1]["mean"] > 0.15
     assert "shots" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="already exists"):  # never replaces the user's file
-        main(["fewshot", str(tiny_checkpoint), "--data", "fashion_mnist", "--json", str(out)])
+    before = out.read_bytes()
+    assert main(["fewshot", str(tiny_checkpoint), "--data", "fashion_mnist", "--json", str(out)]) == 1
+    assert "already exists" in capsys.readouterr().err and out.read_bytes() == before  # never replaces the user's file

@@ -4,6 +4,7 @@ No timing is asserted here (speed lives in benchmarks/); only what the numbers a
 """
 
 import json
+import logging
 import time
 
 import pytest
@@ -14,13 +15,13 @@ from vitlab.bench import (
     BUILDERS,
     BenchConfig,
     Result,
-    _paired_ratios,
     format_table,
     mode_accuracy,
     peak_memory,
     run_bench,
     write_outputs,
 )
+from vitlab.bench.suite import _paired_ratios
 
 from .conftest import perturb_
 
@@ -76,13 +77,16 @@ def test_mode_accuracy_reports_agreement_and_accuracy():
 
 
 @pytest.mark.slow
-def test_tiny_bench_end_to_end(tmp_path):
+def test_tiny_bench_end_to_end(tmp_path, caplog):
     bc = BenchConfig(
         model="ViT-Ti/16", img_size=32, batch_sizes=(2,), dtypes=("fp32", "bf16"),
         peers=("timm", "torchvision"), modes=("int8",), train_batch=2, train_peers=("timm",),
         warmup=1, rounds=2, peak_size=128, overrides={"depth": 1, "patch_size": 8, "num_classes": 10},
     )
-    out = run_bench(bc)
+    with caplog.at_level(logging.INFO, logger="vitlab"):
+        out = run_bench(bc)
+    assert "measuring matmul peaks" in caplog.text  # progress is logged (vitlab.bench.*), not printed
+    assert all(r.name.startswith("vitlab.bench") for r in caplog.records)
     paths = write_outputs(out, tmp_path)
     assert [p.name for p in paths] == ["bench.json", "bench.txt", "bench.png"]
     data = json.loads((tmp_path / "bench.json").read_text())

@@ -109,15 +109,15 @@ def test_fashion_mnist_real_files(fmnist_root, tmp_path):
     torch.testing.assert_close(x, torch.from_numpy(read_idx(str(imgs))[:1000, None]).float() / 127.5 - 1)
 
 
-def test_holdout_split(fmnist_root):
-    cfg = DataConfig(val_fraction=0.02)
+def test_holdout_split():
+    cfg = DataConfig(dataset="synthetic", val_fraction=0.02)
     val = build_eval_data(cfg, "val", img_size=28, in_chans=1, batch_size=600)
     train = build_train_stream(cfg, img_size=28, in_chans=1, batch_size=100, seed=0)
     assert val.num_samples == 1200 and train.epoch_size == 58800  # 2% of each class of 6000
     labels = torch.cat([y for _, y in val])
     assert torch.bincount(labels).tolist() == [120] * 10
     with pytest.raises(ValueError, match="val_fraction"):
-        build_eval_data(DataConfig(), "val", img_size=28, in_chans=1, batch_size=10)
+        build_eval_data(DataConfig(dataset="synthetic"), "val", img_size=28, in_chans=1, batch_size=10)
 
 
 def test_stratified_holdout_properties():
@@ -160,18 +160,21 @@ def test_random_crops_equal_torchvision_resized_crop():
             torch.testing.assert_close(ours[i], ref, atol=2e-3, rtol=1e-5)
 
 
-def test_center_crop_eval_equals_torchvision_resize_then_center_crop(fmnist_root):
+def test_center_crop_eval_equals_torchvision_resize_then_center_crop():
     # the in-memory eval "center_crop" must be what file datasets get image by image (Resize + CenterCrop)
-    cfg = DataConfig(eval_resize="center_crop", eval_crop_fraction=0.875)
+    from vitlab.data.synthetic import load_synthetic
+
+    cfg = DataConfig(dataset="synthetic", eval_resize="center_crop", eval_crop_fraction=0.875)
     ev = build_eval_data(cfg, "test", img_size=56, in_chans=1, batch_size=64)
     x, _ = next(iter(ev))  # (64, 1, 56, 56)
-    raw = torch.from_numpy(read_idx(os.path.join(fmnist_root, "t10k-images-idx3-ubyte.gz"))[:64, None])
+    raw = torch.from_numpy(load_synthetic("test").images[:64])
     tf = eval_transform(56, 1, normalize="inception", resize="center_crop", crop_fraction=0.875)
     ref = torch.stack([tf(img) for img in raw])
     grey_level = 1.01 / 127.5  # torchvision resizes uint8 to uint8; a geometry error would differ by far more
     torch.testing.assert_close(x, ref, atol=grey_level, rtol=0)
     # the crop is real: it differs from the plain resize of the whole image
-    plain, _ = next(iter(build_eval_data(DataConfig(), "test", img_size=56, in_chans=1, batch_size=64)))
+    plain, _ = next(iter(build_eval_data(cfg.replace(eval_resize="resize"), "test", img_size=56, in_chans=1,
+                                         batch_size=64)))
     assert (x - plain).abs().max() > 0.5
     # any shapes and fractions (upsampling, where torchvision's antialiasing does nothing)
     imgs = torch.randint(0, 256, (3, 3, 20, 26), dtype=torch.uint8)
@@ -219,8 +222,9 @@ def _assert_batches_equal(a, b):
 
 
 @pytest.mark.parametrize("randaugment", [None, "2-10"])
-def test_resume_mid_epoch_and_across_epochs(fmnist_root, randaugment):
-    cfg = DataConfig(crop_scale=(0.5, 1.0), randaugment=randaugment, val_fraction=0.998)  # 120 train samples
+def test_resume_mid_epoch_and_across_epochs(randaugment):
+    # 120 train samples
+    cfg = DataConfig(dataset="synthetic", crop_scale=(0.5, 1.0), randaugment=randaugment, val_fraction=0.998)
     kw = dict(img_size=32, in_chans=1, batch_size=16, seed=7)
     ref = build_train_stream(cfg, **kw)
     assert ref.steps_per_epoch == 7
@@ -241,8 +245,8 @@ def test_resume_mid_epoch_and_across_epochs(fmnist_root, randaugment):
         build_train_stream(cfg, img_size=32, in_chans=1, batch_size=16, seed=8).load_state_dict(state)
 
 
-def test_rank_slices_concatenate_to_the_single_process_batch(fmnist_root):
-    cfg = DataConfig(val_fraction=0.99)
+def test_rank_slices_concatenate_to_the_single_process_batch():
+    cfg = DataConfig(dataset="synthetic", val_fraction=0.99)
     single = build_train_stream(cfg, img_size=40, in_chans=1, batch_size=24, seed=1)
     ranks = [build_train_stream(cfg, img_size=40, in_chans=1, batch_size=8, seed=1, rank=r, world_size=3)
              for r in range(3)]
@@ -254,8 +258,8 @@ def test_rank_slices_concatenate_to_the_single_process_batch(fmnist_root):
         assert torch.equal(torch.cat([p[1] for p in parts]), y)
 
 
-def test_stream_augments_and_covers_the_epoch(fmnist_root):
-    cfg = DataConfig(val_fraction=0.99)
+def test_stream_augments_and_covers_the_epoch():
+    cfg = DataConfig(dataset="synthetic", val_fraction=0.99)
     s = build_train_stream(cfg, img_size=28, in_chans=1, batch_size=100, seed=0)
     plain = build_train_stream(cfg.replace(inception_crop=False, hflip=False), img_size=28, in_chans=1,
                                batch_size=100, seed=0)
@@ -269,10 +273,11 @@ def test_stream_augments_and_covers_the_epoch(fmnist_root):
     assert torch.equal(torch.bincount(labels, minlength=10), torch.bincount(eval_labels, minlength=10))
 
 
-def test_channels(fmnist_root):
+def test_channels():
     with pytest.raises(ValueError, match="expand_channels"):
-        build_train_stream(DataConfig(), img_size=28, in_chans=3, batch_size=8, seed=0)
-    cfg = DataConfig(expand_channels=True, normalize="imagenet", inception_crop=False, hflip=False)
+        build_train_stream(DataConfig(dataset="synthetic"), img_size=28, in_chans=3, batch_size=8, seed=0)
+    cfg = DataConfig(dataset="synthetic", expand_channels=True, normalize="imagenet", inception_crop=False,
+                     hflip=False)
     x3, _ = next(build_train_stream(cfg, img_size=28, in_chans=3, batch_size=8, seed=0))
     x1, _ = next(build_train_stream(cfg.replace(expand_channels=False), img_size=28, in_chans=1, batch_size=8,
                                     seed=0))
@@ -343,8 +348,8 @@ def test_batch_randaugment_matches_torchvision_per_image():
 
 
 @pytest.mark.parametrize("randaugment", [None, "2-10"])
-def test_rank_slices_with_randaugment(fmnist_root, randaugment):
-    cfg = DataConfig(val_fraction=0.99, randaugment=randaugment)
+def test_rank_slices_with_randaugment(randaugment):
+    cfg = DataConfig(dataset="synthetic", val_fraction=0.99, randaugment=randaugment)
     single = build_train_stream(cfg, img_size=32, in_chans=1, batch_size=8, seed=4)
     ranks = [build_train_stream(cfg, img_size=32, in_chans=1, batch_size=4, seed=4, rank=r, world_size=2)
              for r in range(2)]
@@ -353,11 +358,12 @@ def test_rank_slices_with_randaugment(fmnist_root, randaugment):
         assert torch.equal(torch.cat([next(r)[0] for r in ranks]), x)
 
 
-def test_pipeline_leaves_thread_count_alone(fmnist_root):
+def test_pipeline_leaves_thread_count_alone():
     n = torch.get_num_threads()
-    s = build_train_stream(DataConfig(val_fraction=0.99), img_size=32, in_chans=1, batch_size=8, seed=0)
+    cfg = DataConfig(dataset="synthetic", val_fraction=0.99)
+    s = build_train_stream(cfg, img_size=32, in_chans=1, batch_size=8, seed=0)
     next(s)
-    for _ in build_eval_data(DataConfig(val_fraction=0.99), "val", img_size=32, in_chans=1, batch_size=4000):
+    for _ in build_eval_data(cfg, "val", img_size=32, in_chans=1, batch_size=4000):
         assert torch.get_num_threads() == n
     assert torch.get_num_threads() == n
 

@@ -93,8 +93,8 @@ def _stream(cfg, **kw):
     return build_train_stream(cfg, **{**dict(img_size=32, in_chans=1, batch_size=64, seed=3), **kw})
 
 
-def test_stream_erases_only_and_keeps_other_draws(fmnist_root):
-    base = DataConfig(val_fraction=0.99, crop_scale=(0.5, 1.0))
+def test_stream_erases_only_and_keeps_other_draws():
+    base = DataConfig(dataset="synthetic", val_fraction=0.99, crop_scale=(0.5, 1.0))
     plain, erased = _stream(base), _stream(base.replace(random_erasing=0.5, erasing_value="zero"))
     changed = []
     for _ in range(10):
@@ -111,8 +111,8 @@ def test_stream_erases_only_and_keeps_other_draws(fmnist_root):
     assert 0.38 < frac < 0.6  # p = 0.5 (a box over pixels already at 0 changes nothing: rare)
 
 
-def test_stream_rank_slices_and_resume(fmnist_root):
-    cfg = DataConfig(val_fraction=0.99, random_erasing=0.7)
+def test_stream_rank_slices_and_resume():
+    cfg = DataConfig(dataset="synthetic", val_fraction=0.99, random_erasing=0.7)
     single = _stream(cfg, batch_size=8)
     ranks = [_stream(cfg, batch_size=4, rank=r, world_size=2) for r in range(2)]
     for _ in range(4):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitlab.train.loop import evaluate
+from vitlab.evaluate import evaluate
 
 
 class ColumnModel(nn.Module):
@@ -44,6 +44,22 @@ def test_hflip_tta_averages_the_two_views_probabilities():
     p1 = _softmax(xn.reshape(40, -1) @ w.T)
     assert single["top1"] == pytest.approx(np.mean(p1.argmax(1) == yn))
     assert single["top1"] != r["top1"] or single["loss"] != pytest.approx(r["loss"])  # the flip did something
+
+
+def test_evaluate_returns_a_typed_result_readable_by_name():
+    """`evaluate` returns an EvalResult dataclass; `r["top1"]` still reads it (code written for the dict), and
+    `to_dict()` is JSON-ready."""
+    import json
+
+    from vitlab.evaluate import EvalResult
+
+    x, y = torch.randn(6, 1, 4, 5), torch.tensor([0, 1, 2, 0, 1, 2])
+    r = evaluate(ColumnModel(), [(x, y)], 3, class_names=["a", "b", "c"])
+    assert isinstance(r, EvalResult) and r["top1"] == r.top1 and r.get("missing", 7) == 7 and "top5" in r
+    with pytest.raises(KeyError):
+        r["to_dict"]
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["num_samples"] == 6 and d["classes"] == ["a", "b", "c"] and sum(map(sum, d["confusion"])) == 6
 
 
 def test_unknown_tta_is_a_clear_error():

@@ -6,6 +6,7 @@ import torch
 
 import vitlab
 from vitlab.export import export_onnx
+from vitlab.io import default_mode
 
 from .conftest import perturb_
 
@@ -28,6 +29,7 @@ def test_onnx_matches_torch_with_dynamic_batch(tmp_path):
     model = _tiny()
     report = export_onnx(model, tmp_path / "vit.onnx", verify_batches=())
     assert report.input_shape[0] == "batch"
+    assert (tmp_path / "vit.onnx").stat().st_mode & 0o777 == default_mode()  # the usual permissions
     for b in (1, 3):  # the exporter traced batch 2: both sizes exercise the symbolic batch
         x = torch.randn(b, 3, 32, 32)
         with torch.no_grad():

@@ -82,8 +82,7 @@ def test_attention_capture_is_exact_and_keeps_other_layers_fused():
     torch.testing.assert_close(attn.sum(-1), torch.ones(2, 4, 17))
     # recompute layer 1's attention by hand from its input
     with torch.no_grad():
-        h, grid = model.patch_embed(x)
-        h = model._pos_embed(h, grid)
+        h, _ = model.embed(x)
         h, _ = model.blocks[0](h)
         q, k, _ = model.blocks[1].attn.qkv(model.blocks[1].norm1(h)).reshape(2, 17, 3, 4, 16).permute(2, 0, 3, 1, 4)
         ref = (q @ k.transpose(-1, -2) / math.sqrt(16)).softmax(-1)

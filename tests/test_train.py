@@ -75,22 +75,50 @@ def test_unknown_keys_list_the_valid_ones(tmp_path):
 
 
 def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
-    from vitlab.train import loop
+    from vitlab import precision
 
     amx = tmp_path / "amx"
     amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
     plain = tmp_path / "plain"
     plain.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\nbugs\t\t: amx_bf16_not_a_flag\n")
-    assert loop.cpu_has_amx(str(amx)) and not loop.cpu_has_amx(str(plain))
-    assert not loop.cpu_has_amx(str(tmp_path / "missing"))  # not Linux: no cpuinfo, so fp32
+    assert precision.cpu_has_amx(str(amx)) and not precision.cpu_has_amx(str(plain))
+    assert not precision.cpu_has_amx(str(tmp_path / "missing"))  # not Linux: no cpuinfo, so fp32
     for has_amx, expect in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(loop, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
-        assert loop.resolve_precision("auto", "cpu") == expect
-        assert loop.resolve_precision("fp32", "cpu") == "fp32" and loop.resolve_precision("bf16", "cpu") == "bf16"
-        with loop.autocast(torch.device("cpu"), "auto"):
+        monkeypatch.setattr(precision, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
+        assert precision.resolve_precision("auto", "cpu") == expect
+        assert precision.resolve_precision("fp32", "cpu") == "fp32"
+        assert precision.resolve_precision("bf16", "cpu") == "bf16"
+        with precision.autocast(torch.device("cpu"), "auto"):
             assert torch.is_autocast_enabled("cpu") is has_amx
     (tmp_path / "r.yaml").write_text("train:\n  steps: 3\n  precision: auto\n")
     assert load_recipe(tmp_path / "r.yaml").train.precision == "auto"
+    with pytest.raises(ValueError, match="unknown precision 'fp16'"):
+        precision.resolve_precision("fp16", "cpu")
+
+
+def test_precision_default_is_auto_everywhere(tmp_path, synthetic_data):
+    """`auto` is the default of the recipe's train section, `train_step`, `evaluate`, `evaluate_checkpoint` and
+    the eval command (issue 17); a `Recipe` without a train section gets it too, and `train` records what it
+    resolved to."""
+    import argparse
+    import inspect
+
+    from vitlab.cli.eval import add_arguments
+    from vitlab.evaluate import evaluate, evaluate_checkpoint
+    from vitlab.precision import resolve_precision
+    from vitlab.train import train_step
+    from vitlab.train.recipe import TrainSection
+
+    assert TrainSection().precision == "auto" and Recipe().train.precision == "auto"
+    assert Recipe.from_dict({"train": {"steps": 1}}).train.precision == "auto"
+    for fn in (train_step, evaluate, evaluate_checkpoint):
+        assert inspect.signature(fn).parameters["precision"].default == "auto", fn.__name__
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["m.safetensors", "--data", "fashion_mnist"]).precision == "auto"
+    r = Recipe.from_dict({"model": {**TINY, "img_size": 28, "patch_size": 7, "in_chans": 1}, "data": synthetic_data,
+                          "train": {"batch_size": 8, "steps": 1, "eval_max_samples": 16}})
+    assert train(r, tmp_path / "run", progress=False).precision == resolve_precision("auto", "cpu")
 
 
 def test_set_overrides_parse_yaml_values():
@@ -151,7 +179,7 @@ _LOCATION_KEYS = ("dataset", "root", "test_root", "train_subdir", "test_subdir",
                   "num_samples", "num_classes", "class_names", "val_fraction")
 
 
-def _tiny(path: str, tmp_path: Path, fmnist_root: str) -> Recipe:
+def _tiny(path: str, tmp_path: Path, source: dict) -> Recipe:
     d = read_recipe_dict(path)
     model = d.setdefault("model", {})
     big_res = model.get("img_size", 224) > 224
@@ -162,7 +190,7 @@ def _tiny(path: str, tmp_path: Path, fmnist_root: str) -> Recipe:
     if model.get("representation_size"):
         model["representation_size"] = TINY["embed_dim"]
     data = {k: v for k, v in (d.get("data") or {}).items() if k not in _LOCATION_KEYS}
-    data.update(dataset="fashion_mnist", root=fmnist_root, expand_channels=in_chans == 3)
+    data.update(**source, expand_channels=in_chans == 3)
     d["data"] = data
     tr = d.setdefault("train", {})
     accum = tr.get("accum_steps", 1)
@@ -181,26 +209,26 @@ def _tiny(path: str, tmp_path: Path, fmnist_root: str) -> Recipe:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: Path(p).name)
-def test_one_training_step_per_config(path, tmp_path, fmnist_root):
-    recipe = _tiny(path, tmp_path, fmnist_root)
+def test_one_training_step_per_config(path, tmp_path, synthetic_data):
+    recipe = _tiny(path, tmp_path, synthetic_data)
     summary = train(recipe, tmp_path / "run", progress=False)
     assert summary["status"] == "completed" and summary["step"] == 1
     assert math.isfinite(summary["eval"]["loss"]) and summary["eval"]["num_samples"] == 500
     model = vitlab.load_model(summary["model"])
     assert model.cfg.img_size == recipe.model.overrides["img_size"]
     meta = vitlab.weights.read_metadata(summary["model"])
-    assert meta["classes"][0] == "T-shirt/top" and meta["recipe"]["train"]["steps"] == 1
+    assert meta["classes"][0] == "pattern 0" and meta["recipe"]["train"]["steps"] == 1
     for f in ("report.md", "report.json", "curves.png", "metrics.jsonl", "recipe.yaml"):
         assert (tmp_path / "run" / f).is_file()
     assert os.listdir(tmp_path / "run" / "tb")
 
 
-def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path, fmnist_root):
+def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path):
     pre = vitlab.create_model("ViT-Ti/16", **TINY, img_size=28, patch_size=4, in_chans=1, num_classes=10)
     torch.nn.init.normal_(pre.head.weight)
     ckpt = tmp_path / "pre.safetensors"
     vitlab.save_weights(pre, ckpt)
-    sets = [f"init.checkpoint={ckpt}", f"data.root={fmnist_root}", *(f"model.{k}={v}" for k, v in TINY.items())]
+    sets = [f"init.checkpoint={ckpt}", "data.dataset=synthetic", *(f"model.{k}={v}" for k, v in TINY.items())]
     from vitlab.train import build_model
 
     # The shipped demo fine-tune keeps the pre-trained head (same 10 classes) ...
@@ -219,7 +247,7 @@ def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path, fmnist_root):
     torch.testing.assert_close(model.blocks[0].mlp.fc1.weight, pre.blocks[0].mlp.fc1.weight)
 
 
-def test_compiled_bf16_steps_match_eager(tmp_path, fmnist_root):
+def test_compiled_bf16_steps_match_eager(tmp_path, synthetic_data):
     """The shipped Fashion-MNIST recipe trains under torch.compile with bf16 autocast (where the CPU has AMX): three
     compiled steps of its (tiny) model must follow the eager fp32 steps to bf16 precision."""
     import copy
@@ -227,7 +255,7 @@ def test_compiled_bf16_steps_match_eager(tmp_path, fmnist_root):
     from vitlab.train.loop import build_model, train_step
     from vitlab.train.optim import build_optimizer
 
-    recipe = _tiny(str(Path(vitlab.__file__).parents[2] / "configs" / "fmnist_hybrid.yaml"), tmp_path, fmnist_root)
+    recipe = _tiny(str(Path(vitlab.__file__).parents[2] / "configs" / "fmnist_hybrid.yaml"), tmp_path, synthetic_data)
     torch.manual_seed(0)
     eager = build_model(recipe, num_classes=10)
     compiled = copy.deepcopy(eager)

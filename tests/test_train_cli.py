@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from pathlib import Path
@@ -11,21 +10,20 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import FMNIST_ROOT
 from vitlab.cli import main
-from vitlab.train.eval_cli import format_result
+from vitlab.cli.eval import format_result
+from vitlab.data.synthetic import SYNTHETIC_CLASSES, load_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SETS = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "train.steps=3",
              "train.epochs=null", "train.time_budget_min=null", "train.eval_max_samples=500",
              "train.eval_every=0", "train.checkpoint_every=0", "train.log_every=1"]
-FMNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                  "Ankle boot"]
+CLASSES = list(SYNTHETIC_CLASSES)  # the runs here train on the in-memory synthetic data (any machine)
 
 
-def _sets(fmnist_root: str) -> list[str]:
+def _sets() -> list[str]:
     out = []
-    for s in [*TINY_SETS, f"data.root={fmnist_root}"]:
+    for s in [*TINY_SETS, "data.dataset=synthetic"]:
         out += ["--set", s]
     return out
 
@@ -33,31 +31,30 @@ def _sets(fmnist_root: str) -> list[str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """One tiny run shared by the tests of this file."""
-    if not os.path.isdir(FMNIST_ROOT):
-        pytest.skip("dataset-fashion-mnist not installed")
     run = tmp_path_factory.mktemp("cli") / "run"
     rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(run), "--no-progress",
-               *_sets(FMNIST_ROOT)])
+               *_sets()])
     assert rc == 0
     return run
 
 
-def test_train_cli_writes_a_run_and_refuses_to_overwrite_it(trained, fmnist_root, capsys):
+def test_train_cli_writes_a_run_and_refuses_to_overwrite_it(trained, capsys):
     assert (trained / "model.safetensors").is_file() and (trained / "report.md").is_file()
     rows = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3]
     assert {"loss", "lr", "images_per_s", "grad_norm"} <= set(rows[0])
     capsys.readouterr()
     rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(trained), "--no-progress",
-               *_sets(fmnist_root)])
-    assert rc == 2 and "--resume" in capsys.readouterr().err
+               *_sets()])
+    assert rc == 1 and "--resume" in capsys.readouterr().err  # exit 1: an error in the input
 
 
 def test_train_cli_bad_override_is_a_clear_error(tmp_path, capsys):
     rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(tmp_path / "r"), "--set",
                "train.batchsize=3"])
     err = capsys.readouterr().err
-    assert rc == 2 and "batchsize" in err and "batch_size" in err
+    assert rc == 1 and "batchsize" in err and "batch_size" in err
+    assert err.startswith("vitlab train: error: ") and "Traceback" not in err
     assert not (tmp_path / "r").exists()
 
 
@@ -65,7 +62,7 @@ def test_set_takes_several_overrides_and_repeats():
     """`--set a=1 b=2 --set c=3` gives all three, in order (the docs write several after one --set)."""
     import argparse
 
-    from vitlab.train.cli import add_arguments
+    from vitlab.cli.train import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -75,32 +72,29 @@ def test_set_takes_several_overrides_and_repeats():
     assert p.parse_args(["c.yaml"]).overrides == []
 
 
-def _idx_test_images(root: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first n test images and labels, read straight from the IDX bytes (independent of vitlab.data)."""
-    with gzip.open(f"{root}/t10k-images-idx3-ubyte.gz") as f:
-        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)[:n]
-    with gzip.open(f"{root}/t10k-labels-idx1-ubyte.gz") as f:
-        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
-    return images, labels
+def _test_images(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first n test images (N, 28, 28) uint8 and labels, as generated (not through the eval pipeline)."""
+    data = load_synthetic("test")
+    return data.images[:n, 0], data.labels[:n]
 
 
-def test_eval_cli_numbers_are_consistent(trained, fmnist_root, capsys):
+def test_eval_cli_numbers_are_consistent(trained, capsys):
     capsys.readouterr()
-    assert main(["eval", str(trained / "model.safetensors"), "--data", f"fashion_mnist:{fmnist_root}", "--json"]) == 0
+    assert main(["eval", str(trained / "model.safetensors"), "--data", "synthetic", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     conf = np.array(r["confusion"])
     assert conf.shape == (10, 10) and conf.sum() == r["num_samples"] == 10000
-    assert (conf.sum(1) == 1000).all()  # Fashion-MNIST's test set: 1000 images per class
+    assert (conf.sum(1) == 1000).all()  # the test set (as Fashion-MNIST's): 1000 images per class
     assert r["top1"] == pytest.approx(np.trace(conf) / 10000)
-    assert r["per_class"]["Trouser"] == pytest.approx(conf[1, 1] / 1000)
-    assert r["top5"] >= r["top1"] and r["classes"] == FMNIST_CLASSES
+    assert r["per_class"]["pattern 1"] == pytest.approx(conf[1, 1] / 1000)
+    assert r["top5"] >= r["top1"] and r["classes"] == CLASSES
     text = format_result(r)  # what the command prints without --json
     assert "confusion matrix" in text and f"top-1 {100 * r['top1']:.2f}%" in text
 
 
-def test_eval_cli_hflip_tta(trained, fmnist_root, capsys):
+def test_eval_cli_hflip_tta(trained, capsys):
     """--tta hflip evaluates every image and its mirror image; it is reported as such, and bad values are refused."""
-    ckpt, data = str(trained / "model.safetensors"), f"fashion_mnist:{fmnist_root}"
+    ckpt, data = str(trained / "model.safetensors"), "synthetic"
     capsys.readouterr()
     assert main(["eval", ckpt, "--data", data, "--json", "--tta", "hflip"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -110,7 +104,7 @@ def test_eval_cli_hflip_tta(trained, fmnist_root, capsys):
         main(["eval", ckpt, "--data", data, "--tta", "rotate"])
 
 
-def test_eval_cli_center_crop_matches_torchvision_pipeline(trained, fmnist_root, capsys):
+def test_eval_cli_center_crop_matches_torchvision_pipeline(trained, capsys):
     """--crop-fraction evaluates centre crops: the same predictions as torchvision's Resize + CenterCrop image by
     image; a bad fraction is a clear error."""
     import torch
@@ -118,7 +112,7 @@ def test_eval_cli_center_crop_matches_torchvision_pipeline(trained, fmnist_root,
 
     from vitlab.weights import load_model
 
-    ckpt, data = str(trained / "model.safetensors"), f"fashion_mnist:{fmnist_root}"
+    ckpt, data = str(trained / "model.safetensors"), "synthetic"
     capsys.readouterr()
     assert main(["eval", ckpt, "--data", data, "--json", "--crop-fraction", "0.8"]) == 0
     r = json.loads(capsys.readouterr().out)
@@ -128,18 +122,18 @@ def test_eval_cli_center_crop_matches_torchvision_pipeline(trained, fmnist_root,
     size = model.cfg.img_size
     tf = T.Compose([T.Resize(round(size / 0.8)), T.CenterCrop(size), T.ToDtype(torch.float32, scale=True),
                     T.Normalize([0.5], [0.5])])
-    images, labels = _idx_test_images(fmnist_root, 10000)
+    images, labels = _test_images(10000)
     x = torch.stack([tf(torch.from_numpy(img.copy())[None]) for img in images])  # (10000, 1, size, size)
     with torch.no_grad():
         pred = torch.cat([model(b).argmax(-1) for b in x.split(1000)]).numpy()
     assert abs(r["top1"] - (pred == labels).mean()) <= 0.002  # torchvision rounds its resize to uint8
     capsys.readouterr()
-    assert main(["eval", ckpt, "--data", data, "--crop-fraction", "1.5"]) == 2
+    assert main(["eval", ckpt, "--data", data, "--crop-fraction", "1.5"]) == 1
     assert "eval_crop_fraction" in capsys.readouterr().err
 
 
-def test_predict_cli_names_labels(trained, fmnist_root, tmp_path, capsys):
-    images, _ = _idx_test_images(fmnist_root, 2)
+def test_predict_cli_names_labels(trained, tmp_path, capsys):
+    images, _ = _test_images(2)
     paths = []
     for i, img in enumerate(images):
         paths.append(str(tmp_path / f"img{i}.png"))
@@ -149,17 +143,17 @@ def test_predict_cli_names_labels(trained, fmnist_root, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [o["image"] for o in out] == paths
     for o in out:
-        assert len(o["top"]) == 3 and all(t["label"] == FMNIST_CLASSES[t["index"]] for t in o["top"])
+        assert len(o["top"]) == 3 and all(t["label"] == CLASSES[t["index"]] for t in o["top"])
         probs = [t["prob"] for t in o["top"]]
         assert probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
     rc = main(["predict", str(trained / "model.safetensors"), str(tmp_path / "missing.png")])
-    assert rc == 2 and "missing.png" in capsys.readouterr().err
+    assert rc == 1 and "missing.png" in capsys.readouterr().err
 
 
-def test_eval_and_predict_run_through_speed_modes(trained, fmnist_root, tmp_path, capsys):
+def test_eval_and_predict_run_through_speed_modes(trained, tmp_path, capsys):
     """--mode routes through vitlab.optimize: int8 and bf16 keep the fp32 answers on a trained model."""
     ckpt = str(trained / "model.safetensors")
-    data = ["--data", f"fashion_mnist:{fmnist_root}", "--json"]
+    data = ["--data", "synthetic", "--json"]
     capsys.readouterr()
     assert main(["eval", ckpt, *data]) == 0
     ref = json.loads(capsys.readouterr().out)
@@ -167,7 +161,7 @@ def test_eval_and_predict_run_through_speed_modes(trained, fmnist_root, tmp_path
     q = json.loads(capsys.readouterr().out)
     assert q["mode"] == "int8" and q["num_samples"] == 10000
     assert abs(q["top1"] - ref["top1"]) < 0.02
-    images, _ = _idx_test_images(fmnist_root, 4)
+    images, _ = _test_images(4)
     paths = []
     for i, img in enumerate(images):
         paths.append(str(tmp_path / f"img{i}.png"))
@@ -183,12 +177,13 @@ def test_eval_and_predict_run_through_speed_modes(trained, fmnist_root, tmp_path
 
 
 @pytest.mark.slow
-def test_demo_runs_end_to_end_tiny(tmp_path, fmnist_root, capsys):
+def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
     out = tmp_path / "demo"
     sets = []
-    for s in ["train.steps=2", "train.eval_max_samples=300", "model.depth=1", "train.checkpoint_every=0"]:
+    for s in ["train.steps=2", "train.eval_max_samples=300", "model.depth=1", "train.checkpoint_every=0",
+              "data.dataset=synthetic"]:
         sets += ["--set", s]
-    assert main(["demo", "-o", str(out), "--data-root", fmnist_root, "--no-progress", *sets]) == 0
+    assert main(["demo", "-o", str(out), "--no-progress", *sets]) == 0
     printed = capsys.readouterr().out
     assert f"report: {out / 'report.md'}" in printed
     summary = json.loads((out / "demo.json").read_text())
@@ -198,7 +193,7 @@ def test_demo_runs_end_to_end_tiny(tmp_path, fmnist_root, capsys):
     ft = load_model(summary["finetune"]["model"])
     assert ft.cfg.img_size == 40 and ft.cfg.grid_size == (10, 10)  # fine-tuned at the higher resolution
     assert "fine-tune, 40 px" in (out / "report.md").read_text()
-    assert main(["demo", "-o", str(out), "--data-root", fmnist_root]) == 2  # never overwrites a demo
+    assert main(["demo", "-o", str(out)]) == 1  # never overwrites a demo
 
 
 def test_cli_output_into_a_closed_pipe_stops_quietly():

@@ -16,11 +16,11 @@ from vitlab.train import Recipe, train
 STEPS = 3
 
 
-def _recipe(fmnist_root: str, accum_steps: int = 1, parallel: str = "ddp") -> Recipe:
+def _recipe(data: dict, accum_steps: int = 1, parallel: str = "ddp") -> Recipe:
     return Recipe.from_dict({
         "model": {"name": "ViT-Ti/16", "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64, "img_size": 28,
                   "patch_size": 7, "in_chans": 1},
-        "data": {"dataset": "fashion_mnist", "root": fmnist_root},  # inception crop + flips: ranks slice one batch
+        "data": data,  # inception crop + flips: ranks slice one batch
         # eps 1e-6: the key bias gets an exactly-zero gradient in theory (softmax ignores it), ~1e-10 rounding noise in
         # practice, which Adam with eps 1e-8 would blow up to lr-sized steps of arbitrary sign in either run
         "optim": {"name": "adamw", "lr": 3e-3, "eps": 1e-6, "weight_decay": 0.05, "clip_grad_norm": 0.5},
@@ -30,13 +30,13 @@ def _recipe(fmnist_root: str, accum_steps: int = 1, parallel: str = "ddp") -> Re
     })
 
 
-def _worker(rank: int, world: int, port: int, fmnist_root: str, run_dir: str, accum: int, parallel: str) -> None:
+def _worker(rank: int, world: int, port: int, data: dict, run_dir: str, accum: int, parallel: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
     losses: list[float] = []
     try:
-        train(_recipe(fmnist_root, accum, parallel), run_dir, progress=False, device="cpu",
+        train(_recipe(data, accum, parallel), run_dir, progress=False, device="cpu",
               on_step=lambda step, r: losses.append(r.loss))
     finally:
         import torch.distributed as dist
@@ -56,12 +56,12 @@ def _free_port() -> int:
 @pytest.mark.slow
 # accumulation exercises DDP's no_sync path; FSDP shards per block and gathers full state for eval / checkpoints
 @pytest.mark.parametrize(("accum", "parallel"), [(2, "ddp"), (1, "fsdp")], ids=["ddp+accum2", "fsdp"])
-def test_two_process_ddp_matches_one_process(tmp_path, fmnist_root, accum, parallel):
+def test_two_process_ddp_matches_one_process(tmp_path, synthetic_data, accum, parallel):
     single = []
-    ref = train(_recipe(fmnist_root, accum), tmp_path / "single", progress=False, device="cpu",
+    ref = train(_recipe(synthetic_data, accum), tmp_path / "single", progress=False, device="cpu",
                 on_step=lambda step, r: single.append(r.loss))
     run_dir = tmp_path / "ddp"
-    mp.spawn(_worker, args=(2, _free_port(), fmnist_root, str(run_dir), accum, parallel), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, _free_port(), synthetic_data, str(run_dir), accum, parallel), nprocs=2, join=True)
     ranks = [json.loads((run_dir / f"losses{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1]  # the logged loss is the mean over processes
     torch.testing.assert_close(torch.tensor(ranks[0]), torch.tensor(single), rtol=1e-5, atol=1e-5)

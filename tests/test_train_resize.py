@@ -58,21 +58,21 @@ def test_size_at_follows_the_schedule():
     ([[14, 1.0]], "until must be in (0, 1)"),
     ("14", "non-empty list"),
 ])
-def test_bad_schedules_are_named(bad, words, fmnist_root):
+def test_bad_schedules_are_named(bad, words, synthetic_data):
     with pytest.raises(ValueError, match="resize_schedule") as e:
-        _recipe({"dataset": "fashion_mnist", "root": fmnist_root}, bad)
+        _recipe(synthetic_data, bad)
     assert words in str(e.value)
 
 
-def test_size_not_a_multiple_of_the_patch_fails_before_training(tmp_path, fmnist_root):
-    r = _recipe({"dataset": "fashion_mnist", "root": fmnist_root}, [[16, 0.5]])
+def test_size_not_a_multiple_of_the_patch_fails_before_training(tmp_path, synthetic_data):
+    r = _recipe(synthetic_data, [[16, 0.5]])
     with pytest.raises(ValueError, match="size 16 is not a multiple of the model's 7 pixels per token"):
         train(r, tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def test_array_stream_trains_at_scheduled_sizes_and_evaluates_at_full(tmp_path, fmnist_root, shapes):
-    data = {"dataset": "fashion_mnist", "root": fmnist_root, "inception_crop": True, "hflip": True}
+def test_array_stream_trains_at_scheduled_sizes_and_evaluates_at_full(tmp_path, synthetic_data, shapes):
+    data = {**synthetic_data, "inception_crop": True, "hflip": True}
     summary = train(_recipe(data, [[14, 0.25], [21, 0.5]]), tmp_path / "run", progress=False)
     assert summary["status"] == "completed" and summary["step"] == 8
     # progress = step / 8: steps 0-1 below 0.25, 2-3 below 0.5, 4-7 at the model's 28 px

@@ -22,12 +22,12 @@ TINY = {"name": "ViT-Ti/16", "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_d
         "patch_size": 7, "in_chans": 1}
 
 
-def recipe(fmnist_root: str, model: dict | None = None, **train_kw) -> Recipe:
+def recipe(data: dict, model: dict | None = None, **train_kw) -> Recipe:
     tr = {"batch_size": 16, "steps": 8, "precision": "fp32", "log_every": 1, "eval_batch_size": 250,
           "eval_max_samples": 250, **train_kw}
     return Recipe.from_dict({
         "model": {**TINY, **(model or {})},
-        "data": {"dataset": "fashion_mnist", "root": fmnist_root, "inception_crop": False},
+        "data": {**data, "inception_crop": False},
         "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.05, "clip_grad_norm": 1.0},
         "schedule": {"name": "cosine", "warmup_steps": 2},
         "train": tr,
@@ -47,9 +47,9 @@ class Recorder:
             os.kill(os.getpid(), self.sig)
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted_bitwise(tmp_path, fmnist_root):
+def test_interrupted_and_resumed_run_equals_uninterrupted_bitwise(tmp_path, synthetic_data):
     # dropout, stochastic depth, mixup and EMA all consume RNG: resume must replay every stream exactly
-    r = recipe(fmnist_root, model={"dropout": 0.1, "drop_path": 0.1}, deterministic=True, mixup=0.4,
+    r = recipe(synthetic_data, model={"dropout": 0.1, "drop_path": 0.1}, deterministic=True, mixup=0.4,
                label_smoothing=0.1, ema_decay=0.9, checkpoint_every=0)
     full = Recorder()
     ref = train(r, tmp_path / "full", progress=False, on_step=full)
@@ -69,15 +69,15 @@ def test_interrupted_and_resumed_run_equals_uninterrupted_bitwise(tmp_path, fmni
     assert ref["eval"]["top1"] == rest["eval"]["top1"]
 
 
-def test_ctrl_c_finishes_the_step_and_saves(tmp_path, fmnist_root):
-    summary = train(recipe(fmnist_root, steps=5), tmp_path / "run", progress=False, on_step=Recorder(signal_at=2))
+def test_ctrl_c_finishes_the_step_and_saves(tmp_path, synthetic_data):
+    summary = train(recipe(synthetic_data, steps=5), tmp_path / "run", progress=False, on_step=Recorder(signal_at=2))
     assert summary["status"] == "interrupted (SIGINT)" and summary["step"] == 2
     assert list_checkpoints(tmp_path / "run" / "checkpoints") == [2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
 
 
-def test_run_dir_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_path, fmnist_root):
-    r = recipe(fmnist_root, steps=2)
+def test_run_dir_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_path, synthetic_data):
+    r = recipe(synthetic_data, steps=2)
     train(r, tmp_path / "run", progress=False)
     before = (tmp_path / "run" / "model.safetensors").read_bytes()
     with pytest.raises(RunDirError, match=r"already holds a run.*--resume"):
@@ -85,7 +85,7 @@ def test_run_dir_is_never_overwritten_and_resume_needs_a_checkpoint(tmp_path, fm
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
     with pytest.raises(RunDirError, match="no checkpoint"):
         train(r, tmp_path / "empty", resume=True, progress=False)
-    changed = recipe(fmnist_root, steps=2, label_smoothing=0.2)
+    changed = recipe(synthetic_data, steps=2, label_smoothing=0.2)
     with pytest.raises(ValueError, match=r"recipe differs.*train.label_smoothing"):
         train(changed, tmp_path / "run", resume=True, progress=False)
 
@@ -114,14 +114,14 @@ def test_non_finite_step_is_skipped_and_never_reaches_the_weights():
     assert train_step(model, opt, batch, **kw).applied  # and training goes on
 
 
-def test_too_many_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, fmnist_root):
+def test_too_many_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, synthetic_data):
     calls = {"n": 0}
 
     def nan_from_step_5(loss):
         calls["n"] += 1
         return loss * float("nan") if calls["n"] >= 5 else loss
 
-    r = recipe(fmnist_root, steps=20, checkpoint_every=2, max_bad_steps=3)
+    r = recipe(synthetic_data, steps=20, checkpoint_every=2, max_bad_steps=3)
     with pytest.raises(NonFiniteError, match=r"3 non-finite steps in a row.*last good checkpoint"):
         train(r, tmp_path / "run", progress=False, on_loss=nan_from_step_5)
     # steps 5 and 6 were skipped (nothing applied), the checkpoint at 6 holds step-4 weights; 7 stopped the run
@@ -133,14 +133,14 @@ def test_too_many_non_finite_steps_stop_with_the_last_good_checkpoint(tmp_path, 
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_skipped_step_is_counted_and_training_completes(tmp_path, fmnist_root):
+def test_skipped_step_is_counted_and_training_completes(tmp_path, synthetic_data):
     calls = {"n": 0}
 
     def one_nan(loss):
         calls["n"] += 1
         return loss * float("nan") if calls["n"] == 2 else loss
 
-    summary = train(recipe(fmnist_root, steps=4), tmp_path / "run", progress=False, on_loss=one_nan)
+    summary = train(recipe(synthetic_data, steps=4), tmp_path / "run", progress=False, on_loss=one_nan)
     assert summary["status"] == "completed" and summary["skipped_steps"] == 1
 
 
@@ -218,8 +218,8 @@ def test_keeps_last_k_checkpoints(tmp_path):
         "step_00000004.safetensors", "step_00000004.state.pt", "step_00000005.safetensors", "step_00000005.state.pt"]
 
 
-def test_state_file_loads_with_weights_only(tmp_path, fmnist_root):
-    train(recipe(fmnist_root, steps=2, ema_decay=0.5, mixup=0.2), tmp_path / "run", progress=False)
+def test_state_file_loads_with_weights_only(tmp_path, synthetic_data):
+    train(recipe(synthetic_data, steps=2, ema_decay=0.5, mixup=0.2), tmp_path / "run", progress=False)
     path = tmp_path / "run" / "checkpoints" / "step_00000002.state.pt"
     state = torch.load(path, weights_only=True)
     assert state["step"] == 2 and {"optimizer", "rng", "data", "ema", "run"} <= set(state)
@@ -230,7 +230,8 @@ def test_state_file_loads_with_weights_only(tmp_path, fmnist_root):
 
 @pytest.mark.slow
 def test_loss_falls_on_fashion_mnist(tmp_path, fmnist_root):
-    r = recipe(fmnist_root, model={"embed_dim": 64, "num_heads": 2, "mlp_dim": 128, "depth": 2},
+    r = recipe({"dataset": "fashion_mnist", "root": fmnist_root},
+               model={"embed_dim": 64, "num_heads": 2, "mlp_dim": 128, "depth": 2},
                steps=60, batch_size=64, eval_max_samples=2000, eval_batch_size=500)
     rec = Recorder()
     summary = train(r, tmp_path / "run", progress=False, on_step=rec)

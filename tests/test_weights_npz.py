@@ -212,3 +212,23 @@ def test_current_flax_names_are_read(tmp_path):
     np.savez(tmp_path / "extra.npz", **arrays)
     with pytest.raises(WeightsError, match="encoderblock_0/LayerNorm_7/scale"):
         vitlab.load_model(tmp_path / "extra.npz")
+
+
+def test_one_name_table_read_both_ways():
+    """Writing and reading use the same table: a model that has every kind of tensor (hybrid ResNet with a
+    downsampling unit, pre-logits, head) uses every row, both ways, and comes back bit for bit."""
+    model = perturb_(vitlab.create_model("ViT-Ti/16", **{**TINY, "patch_size": 1}, hybrid_layers=(2, 1),
+                                         representation_size=24)).eval()
+    state = model.state_dict()
+    arrays, _ = npz.from_ours(state, model.cfg)
+    unused = [row.theirs for row in npz._TABLE if not any(npz._pattern(row.theirs).fullmatch(k) for k in arrays)]
+    assert unused == []  # every row written
+    back, hints = npz.to_ours(arrays, "x")
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state)
+    assert hints["num_heads"] == TINY["num_heads"] and hints["hybrid_eps"] == "vit_jax"
+    # what has no row is an error both ways, never dropped in silence
+    with pytest.raises(WeightsError, match=r"no vit_jax name for .*blocks\.0\.attn\.extra"):
+        npz.from_ours({**state, "blocks.0.attn.extra": torch.ones(1)}, model.cfg)
+    arrays.pop("Transformer/encoderblock_1/MultiHeadDotProductAttention_1/value/bias")
+    with pytest.raises(WeightsError, match=r"blocks\.1\.attn\.qkv\.bias needs query, key and value"):
+        npz.to_ours(arrays, "x")

@@ -6,7 +6,9 @@ Variants are data, not functions: one row per model, one `ViTConfig.from_name(na
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,59 @@ POOLS = ("token", "gap")
 POS_EMBEDS = ("learned", "sincos2d", "none")
 RESIZE_MODES = ("jax", "bilinear", "bicubic")
 HYBRID_EPS = ("timm", "vit_jax")  # whose weight-standardisation and GroupNorm epsilons (vitlab.hybrid.EPS)
+
+
+def check_keys(d: Any, valid: Any, what: str, noun: str = "key") -> dict[str, Any]:
+    """The one unknown-key check of every config read from a file or from keyword arguments.
+
+    Args:
+        d: What was given.
+        valid: A dataclass (class or instance: its fields) or the valid names, in the order to list them.
+        what: Names `d` in messages ("ViTConfig", "data", "recipe section 'train'").
+        noun: What its keys are called ("key", "field", "section").
+
+    Returns:
+        `d` as a new dict.
+
+    Raises:
+        ValueError: `d` is not a mapping, or has keys outside `valid`: "unknown data key(s) ['shufle']; valid
+            keys: [...]".
+    """
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{what} must be a mapping, got {type(d).__name__}")
+    names = [f.name for f in dataclasses.fields(valid)] if dataclasses.is_dataclass(valid) else list(valid)
+    unknown = sorted(set(d) - set(names), key=str)
+    if unknown:
+        raise ValueError(f"unknown {what} {noun}(s) {unknown}; valid {noun}s: {names}")
+    return dict(d)
+
+
+def to_hw(size: int | Sequence[int], what: str = "img_size") -> tuple[int, int]:
+    """(H, W) of an image size given as one side N (a square) or as (H, W) / [H, W].
+
+    Raises:
+        ValueError: `size` is not a positive int or a pair of them (`what` names it in the message).
+    """
+    try:
+        if isinstance(size, bool) or (isinstance(size, Sequence) and (len(size) != 2 or isinstance(size, str))):
+            raise TypeError
+        h, w = (size, size) if not isinstance(size, Sequence) else size
+        if isinstance(h, bool) or isinstance(w, bool):
+            raise TypeError
+        hw = (operator.index(h), operator.index(w))  # ints, numpy ints; not floats
+    except TypeError:
+        raise ValueError(f"{what} must be an int or (H, W), got {size!r}") from None
+    if min(hw) <= 0:
+        raise ValueError(f"{what} must be positive, got {size!r}")
+    return hw
+
+
+def pixels_per_token(patch_size: int, hybrid_layers: Sequence[int] | None = None) -> int:
+    """Side in pixels of the square one token covers: P for the plain ViT; for the hybrid, the ResNet's stride
+    (4 after the stem, x2 per further stage) times P, the patch side in feature-map cells (Sec. 3.1)."""
+    if hybrid_layers is None:
+        return patch_size
+    return 4 * 2 ** max(len(hybrid_layers) - 1, 0) * patch_size
 
 
 @dataclass
@@ -103,10 +158,8 @@ class ViTConfig:
             if self.hybrid_width % 32:
                 raise ValueError(f"ViTConfig.hybrid_width must be a multiple of 32 (GroupNorm's 32 groups), got "
                                  f"{self.hybrid_width}")
-        h, w = self.img_hw
+        h, w = self.img_hw  # raises unless a positive int or (H, W)
         for side, value in (("height", h), ("width", w)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ViTConfig.img_size {side} must be a positive int, got {self.img_size!r}")
             if value % self.pixel_patch:
                 what = (f"the hybrid's pixels per token {self.pixel_patch} (ResNet stride x patch_size)"
                         if self.hybrid_layers is not None else f"patch_size {self.patch_size}")
@@ -147,18 +200,12 @@ class ViTConfig:
     @property
     def img_hw(self) -> tuple[int, int]:
         """(H, W) of the input the position embeddings are built for."""
-        if isinstance(self.img_size, tuple):
-            if len(self.img_size) != 2:
-                raise ValueError(f"ViTConfig.img_size must be an int or (H, W), got {self.img_size!r}")
-            return self.img_size
-        return (self.img_size, self.img_size)
+        return to_hw(self.img_size, "ViTConfig.img_size")
 
     @property
     def pixel_patch(self) -> int:
         """Side in pixels of the square each token covers: P, or the hybrid's ResNet stride x P."""
-        if self.hybrid_layers is None:
-            return self.patch_size
-        return 4 * 2 ** max(len(self.hybrid_layers) - 1, 0) * self.patch_size
+        return pixels_per_token(self.patch_size, self.hybrid_layers)
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -195,18 +242,10 @@ class ViTConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ViTConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ViTConfig field(s) {unknown}; valid fields: {sorted(known)}")
-        return cls(**d)
+        return cls(**check_keys(d, cls, "ViTConfig", "field"))
 
     def replace(self, **overrides: Any) -> ViTConfig:
-        known = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(overrides) - known)
-        if unknown:
-            raise ValueError(f"unknown ViTConfig field(s) {unknown}; valid fields: {sorted(known)}")
-        return dataclasses.replace(self, **overrides)
+        return dataclasses.replace(self, **check_keys(overrides, self, "ViTConfig", "field"))
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> ViTConfig:

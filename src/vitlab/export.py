@@ -1,6 +1,6 @@
-"""`vitlab export CHECKPOINT model.onnx`: an ONNX graph with a dynamic batch, checked against PyTorch.
+"""ONNX export: an ONNX graph with a dynamic batch, checked against PyTorch (`vitlab export` on the command line).
 
-    vitlab export runs/finetune/final.safetensors vit.onnx        # verify with onnxruntime, batch 1 and 3
+    report = export_onnx(vitlab.load_model("runs/finetune/model.safetensors"), "vit.onnx")  # verified, batch 1, 3
     python -c "import onnxruntime as ort; ort.InferenceSession('vit.onnx').run(None, {'images': x})"
 
 The graph comes from `torch.onnx.export(..., dynamo=True)` (torch.export + onnxscript), the exporter PyTorch
@@ -11,12 +11,9 @@ verified, so a failed export never leaves a half-written or clobbered file.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+from ._extras import require
+from .config import to_hw
+from .io import place
+from .model import VisionTransformer
 
 DEFAULT_OPSET = 18
 
@@ -44,7 +46,7 @@ class ExportReport:
 
 
 def export_onnx(
-    model: nn.Module,
+    model: VisionTransformer,
     path: str | Path,
     *,
     img_size: int | tuple[int, int] | None = None,
@@ -83,11 +85,13 @@ def export_onnx(
     if dtypes != {torch.float32}:
         raise ValueError(f"export needs an fp32 model, got parameters in {sorted(map(str, dtypes))}")
     cfg = model.cfg
-    h, w = cfg.img_hw if img_size is None else ((img_size, img_size) if isinstance(img_size, int) else img_size)
+    h, w = cfg.img_hw if img_size is None else to_hw(img_size)
     model = model.eval()
     device = next(model.parameters()).device
     example = torch.randn(2, cfg.in_chans, h, w, device=device)  # (B, C, H, W); B=2 so it is not specialised
     batch = torch.export.Dim("batch", min=1, max=4096)
+    for module in ("onnx", "onnxscript", "onnxruntime")[: 3 if verify_batches else 2]:  # before writing anything
+        require(module, "export", "ONNX export")
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmpdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -98,6 +102,8 @@ def export_onnx(
                 dynamic_shapes={"x": {0: batch}}, opset_version=opset, dynamo=True, verbose=False,
             )
             tmp = tmpdir / path.name
+            if program is None:  # only the legacy (dynamo=False) exporter returns nothing
+                raise RuntimeError("torch.onnx.export returned no program")
             program.save(str(tmp))  # weights over 2 GB go to an external-data file beside it
         diffs = _verify(tmp, model, (cfg.in_chans, h, w), verify_batches, atol) if verify_batches else {}
         files = sorted(tmpdir.iterdir(), key=lambda f: f.name == path.name)  # the .onnx itself last
@@ -106,7 +112,7 @@ def export_onnx(
             dest = path.parent / f.name
             if dest.exists() and not overwrite:
                 raise FileExistsError(f"{dest} appeared while exporting; not replacing it")
-            os.replace(f, dest)
+            place(f, dest)  # fsync'ed, renamed, folder fsync'ed
             written.append(dest)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -133,40 +139,3 @@ def _verify(
         if diffs[b] > atol:
             raise RuntimeError(f"onnxruntime differs from PyTorch by {diffs[b]:.2e} (> {atol:g}) at batch {b}")
     return diffs
-
-
-# -- CLI -------------------------------------------------------------------------------------------------
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="a checkpoint vitlab can load (.safetensors, .npz, timm, HF, torchvision)")
-    p.add_argument("output", help="destination .onnx file")
-    p.add_argument("--img-size", type=int, nargs="+", metavar="PX",
-                   help="input size baked into the graph: H or H W (default: the checkpoint's)")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset version (default %(default)s)")
-    p.add_argument("--force", action="store_true", help="replace an existing output file")
-    p.add_argument("--no-verify", action="store_true", help="skip the onnxruntime check (batch 1 and 3, 1e-4)")
-
-
-def run(args: argparse.Namespace) -> int:
-    from .weights import load_model
-
-    size = None
-    if args.img_size:
-        if len(args.img_size) > 2:
-            print(f"error: --img-size takes H or H W, got {args.img_size}", file=sys.stderr)
-            return 2
-        size = tuple(args.img_size) if len(args.img_size) == 2 else args.img_size[0]
-    if not Path(args.checkpoint).exists():
-        print(f"error: checkpoint {args.checkpoint} does not exist", file=sys.stderr)
-        return 2
-    overrides = {"img_size": size} if size is not None else {}
-    model = load_model(args.checkpoint, **overrides).float()
-    try:
-        report = export_onnx(model, args.output, opset=args.opset, overwrite=args.force,
-                             verify_batches=() if args.no_verify else (1, 3))
-    except (FileExistsError, IsADirectoryError, ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(report.summary())
-    return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ViTConfig
+from .config import ViTConfig, to_hw
 from .hybrid import backbone_channels, backbone_macs
 
 
@@ -51,7 +51,7 @@ def count_params(cfg: ViTConfig) -> int:
 
 def count_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, backward: bool = False) -> int:
     """FLOPs of one forward pass for one image (x3 with `backward`: forward + backward)."""
-    h, w = cfg.img_hw if img_size is None else ((img_size, img_size) if isinstance(img_size, int) else img_size)
+    h, w = cfg.img_hw if img_size is None else to_hw(img_size)
     P, D, M = cfg.patch_size, cfg.embed_dim, cfg.mlp_dim
     N = (h // cfg.pixel_patch) * (w // cfg.pixel_patch)
     T = N + cfg.num_prefix_tokens

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +23,15 @@ from .config import ViTConfig
 from .hybrid import backbone_channels, build_backbone, init_backbone
 from .posembed import resample_pos_embed, sincos_2d
 
+if TYPE_CHECKING:
+    from .preprocess import Preprocess
+
 
 class PatchEmbed(nn.Module):
     """Cut the image into P x P patches and project each with E (a stride-P convolution is the same map).
     For the hybrid (Sec. 3.1), the patches are cut from a ResNet feature map instead (`vitlab.hybrid`)."""
+
+    backbone: nn.Module | None
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -142,7 +148,21 @@ class PreLogits(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    """ViT for image classification. Build with `vitlab.create_model(name, **overrides)`."""
+    """ViT for image classification. Build with `vitlab.create_model(name, **overrides)`. Besides timm's surface
+    (`forward_features`, `forward_head`, `forward_intermediates`, ...), walk it layer by layer with public names:
+        z, grid = model.embed(images)               # Eq. 1: (B, prefix + N, D), (gh, gw)
+        for block in model.blocks:                  # Eq. 2-3
+            z, attn = block(z, return_attn=True)    # attn: (B, heads, T, T), T = prefix + N
+        logits = model.forward_head(model.norm(z))  # Eq. 4
+    """
+
+    # declared for the type checker (nn.Module's attribute lookup would type them Tensor | Module)
+    preprocess: Preprocess | None
+    cls_token: nn.Parameter | None
+    pos_embed: nn.Parameter | None
+    blocks: Sequence[Block]  # an nn.ModuleList
+    pre_logits: PreLogits | None
+    head: nn.Linear | nn.Identity
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -162,7 +182,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.dropout)
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList([Block(cfg, r) for r in rates])
+        self.blocks = nn.ModuleList([Block(cfg, r) for r in rates])  # type: ignore[assignment]
         self.norm = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
         self.pre_logits = PreLogits(D, cfg.representation_size) if cfg.representation_size else None
         self.num_features = cfg.representation_size or D
@@ -186,7 +206,8 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(block.mlp.fc1.bias, std=1e-6)
             nn.init.normal_(block.mlp.fc2.bias, std=1e-6)
         _lecun_normal_(self.patch_embed.proj.weight)
-        nn.init.zeros_(self.patch_embed.proj.bias)
+        if self.patch_embed.proj.bias is not None:
+            nn.init.zeros_(self.patch_embed.proj.bias)
         if self.patch_embed.backbone is not None:
             init_backbone(self.patch_embed.backbone)
         if self.pos_embed is not None:
@@ -215,7 +236,7 @@ class VisionTransformer(nn.Module):
         ref = self.norm.weight
         self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes \
             else nn.Identity()
-        if num_classes:
+        if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
 
@@ -240,21 +261,19 @@ class VisionTransformer(nn.Module):
         return publish.push_to_hub(self, repo_id, **kwargs)
 
     # -- Eq. 1 --------------------------------------------------------------------------------------
-    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        B = x.shape[0]
-        if self.cfg.pos_embed == "learned":
-            pos = self.pos_embed
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Eq. 1: (B, C, H, W) images -> z_0 (B, prefix + N, D) and the (gh, gw) patch grid (E_pos resampled to it)."""
+        x, grid = self.patch_embed(x)  # (B, N, D)
+        if self.cfg.pos_embed == "sincos2d":
+            x = x + sincos_2d(grid[0], grid[1], self.cfg.embed_dim).to(x.device, x.dtype)  # patches only
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D): class token first
+        if self.pos_embed is not None:  # learned E_pos: one row per token, class row first
+            pos: torch.Tensor = self.pos_embed  # (1, prefix + gh * gw, D)
             if grid != self.grid_size:  # other input size: resample on the 2-D grid, class row kept
                 pos = resample_pos_embed(pos, grid, self.grid_size, self.num_prefix_tokens, self.cfg.pos_embed_resize)
-            if self.cls_token is not None:
-                x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, 1+N, D): class token first
             x = x + pos
-        else:
-            if self.cfg.pos_embed == "sincos2d":
-                x = x + sincos_2d(*grid, self.cfg.embed_dim).to(x.device, x.dtype)  # patches only
-            if self.cls_token is not None:
-                x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        return self.pos_drop(x)
+        return self.pos_drop(x), grid
 
     def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
@@ -264,8 +283,7 @@ class VisionTransformer(nn.Module):
     # -- Eq. 2-4 ------------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, prefix + N, D) normalised tokens."""
-        x, grid = self.patch_embed(x)  # (B, N, D)
-        x = self._pos_embed(x, grid)  # (B, 1+N, D)
+        x, _ = self.embed(x)  # (B, prefix + N, D)
         for block in self.blocks:
             x, _ = self._run_block(block, x, False)
         return self.norm(x)  # Eq. 4's LN, applied to every token
@@ -293,9 +311,8 @@ class VisionTransformer(nn.Module):
 
         Only those layers take the explicit softmax path; the rest keep the fused kernel.
         """
-        wanted = self._layer_indices(layers)
-        x, grid = self.patch_embed(x)
-        x = self._pos_embed(x, grid)
+        wanted = self.layer_indices(layers)
+        x, _ = self.embed(x)  # (B, prefix + N, D)
         maps: dict[int, torch.Tensor] = {}
         for i, block in enumerate(self.blocks):
             x, attn = block(x, i in wanted)
@@ -326,10 +343,9 @@ class VisionTransformer(nn.Module):
                 raise ValueError(f"indices={indices} must be in 1..{len(self.blocks)}")
             wanted = set(range(len(self.blocks) - indices, len(self.blocks)))
         else:
-            wanted = self._layer_indices(indices)
+            wanted = self.layer_indices(indices)
         B = x.shape[0]
-        x, grid = self.patch_embed(x)
-        x = self._pos_embed(x, grid)
+        x, grid = self.embed(x)  # (B, prefix + N, D)
         out: list = []
         for i, block in enumerate(self.blocks):
             x, _ = self._run_block(block, x, False)
@@ -345,7 +361,8 @@ class VisionTransformer(nn.Module):
             return out
         return self.norm(x), out
 
-    def _layer_indices(self, layers: Iterable[int] | None) -> set[int]:
+    def layer_indices(self, layers: Iterable[int] | None) -> set[int]:
+        """Block indices (negative from the end, None = all) as a set of 0..depth-1; ValueError if out of range."""
         n = len(self.blocks)
         if layers is None:
             return set(range(n))

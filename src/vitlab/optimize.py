@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -39,7 +41,7 @@ class OptimizedModel(nn.Module):
         dtype: The floating dtype it computes in.
     """
 
-    def __init__(self, module: nn.Module, mode: str, dtype: torch.dtype, compiled: nn.Module | None = None):
+    def __init__(self, module: nn.Module, mode: str, dtype: torch.dtype, compiled: Callable[..., Any] | None = None):
         super().__init__()
         self.module = module
         self.mode = mode
@@ -87,7 +89,8 @@ def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = Non
         return OptimizedModel(_quantize_int8(m, device), mode, dtype)
     m = m.to(dtype)
     if mode.startswith("compile"):
-        options = {"freezing": True} if device.type == "cpu" else None  # pre-packed weights, folded constants
+        # on CPU: pre-packed weights, folded constants
+        options: dict[str, Any] | None = {"freezing": True} if device.type == "cpu" else None
         compiled = torch.compile(m, dynamic=dynamic, options=options)
         return OptimizedModel(m, mode, dtype, compiled)
     return OptimizedModel(m, mode, dtype)

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .config import check_keys, to_hw
+
 RESIZE_MODES = ("resize", "center_crop")
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 CHANNELS = ("rgb", "grey", "grey_to_rgb")
@@ -72,16 +74,8 @@ class Preprocess:
 
     def __post_init__(self) -> None:
         # normalise what JSON / YAML give (lists, ints) so equal facts compare equal
-        size = self.img_size
-        if isinstance(size, list | tuple):
-            if len(size) != 2 or not all(_is_int(v) for v in size):
-                raise ValueError(f"preprocess.img_size must be an int or (H, W), got {size!r}")
-            size = (int(size[0]), int(size[1]))
-            if size[0] == size[1]:
-                size = size[0]
-        if not _is_int(size) and not isinstance(size, tuple):
-            raise ValueError(f"preprocess.img_size must be an int or (H, W), got {size!r}")
-        object.__setattr__(self, "img_size", size)
+        h, w = to_hw(self.img_size, "preprocess.img_size")
+        object.__setattr__(self, "img_size", h if h == w else (h, w))
         for name in ("mean", "std"):
             value = getattr(self, name)
             if isinstance(value, int | float) and not isinstance(value, bool):
@@ -119,7 +113,7 @@ class Preprocess:
     @property
     def hw(self) -> tuple[int, int]:
         """img_size as (H, W)."""
-        return self.img_size if isinstance(self.img_size, tuple) else (self.img_size, self.img_size)
+        return to_hw(self.img_size)
 
     @property
     def in_chans(self) -> int:
@@ -157,12 +151,7 @@ class Preprocess:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Preprocess:
         """Inverse of to_dict; unknown keys and bad values raise ValueError naming the field."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"preprocess must be a mapping, got {type(d).__name__}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"unknown preprocess key(s) {unknown}; valid keys: {known}")
+        d = check_keys(d, cls, "preprocess")
         if "img_size" not in d:
             raise ValueError("preprocess.img_size is required")
         return cls(**d)

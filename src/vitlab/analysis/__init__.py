@@ -1,7 +1,9 @@
 """Looking inside a ViT the way the paper does (Sec. 4.5, Fig. 6-7) and its few-shot probe (Sec. 4.1).
 
-Every function returns numpy arrays, so you can plot your own way; `vitlab.analysis.report` draws the
-paper's figures and `vitlab analyze` / `vitlab fewshot` wrap it all on the command line.
+Every function returns numpy arrays, so you can plot your own way. On top of them: `findings` (everything a
+report shows, and the paper's statements measured), `plots` (the paper's figures as matplotlib Figures, backend
+untouched), `page` and `report` (the PNG/JSON/HTML report); `vitlab analyze` / `vitlab fewshot` wrap it all on
+the command line. The model is read through its public API only (`embed`, `blocks`, `forward_head`, ...).
 """
 
 from .attention import (
@@ -18,6 +20,14 @@ from .attention import (
 )
 from .fewshot import FewShotResult, RidgeClassifier, draw_shots, extract_features, fewshot_evaluate, fit_ridge
 from .filters import FilterPCA, components_to_images, filter_pca, patch_embedding_filters
+from .inputs import (
+    analysis_preprocess,
+    check_image_size,
+    expand_image_paths,
+    load_checkpoint,
+    load_inputs,
+    split_features,
+)
 from .posembed_sim import pos_embed_similarity, position_embedding_grid, similarity_by_distance
 
 __all__ = [
@@ -25,15 +35,20 @@ __all__ = [
     "FewShotResult",
     "FilterPCA",
     "RidgeClassifier",
+    "analysis_preprocess",
     "analyze_attention",
     "attention_rollout",
+    "check_image_size",
     "components_to_images",
     "draw_shots",
+    "expand_image_paths",
     "extract_features",
     "fewshot_evaluate",
     "filter_pca",
     "fit_ridge",
     "iter_attention",
+    "load_checkpoint",
+    "load_inputs",
     "mean_attention_distance",
     "patch_distances",
     "patch_embedding_filters",
@@ -42,6 +57,7 @@ __all__ = [
     "reduce_batch",
     "rollout_step",
     "similarity_by_distance",
+    "split_features",
     "token_maps",
     "upsample_maps",
 ]

@@ -118,8 +118,7 @@ def iter_attention(model: VisionTransformer, images: torch.Tensor) -> Iterator[t
     map before asking for the next so that only one layer is held. Uses the model's own blocks, so the result
     equals `model.forward_attention(images)`'s maps.
     """
-    x, grid = model.patch_embed(images)  # (B, N, D)
-    x = model._pos_embed(x, grid)  # (B, prefix + N, D)
+    x, _ = model.embed(images)  # (B, prefix + N, D): Eq. 1
     for i, block in enumerate(model.blocks):
         x, attn = block(x, return_attn=True)
         yield i, attn
@@ -146,6 +145,8 @@ def reduce_batch(
             # clone: a view would keep this layer's whole (b, heads, T, T) tensor alive
             kept[i] = token_maps(attn, grid, prefix).float().cpu().clone()  # (b, heads, gh, gw)
         del attn  # one layer at a time
+    if rollout is None:
+        raise ValueError("the model has no layers")
     return per_layer, token_maps(rollout, grid, prefix).float().cpu().clone(), kept  # rollout maps: (b, gh, gw)
 
 
@@ -190,12 +191,13 @@ def analyze_attention(
         device: Where to run; defaults to the model's device.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    wanted = sorted(model._layer_indices(layer_maps))
+    wanted = sorted(model.layer_indices(layer_maps))
     P = model.patch_embed.pixel_patch
     batches = images.split(batch_size) if isinstance(images, torch.Tensor) else images
     was_training = model.training
     model.eval()
-    dists, rolls, maps = [], [], {i: [] for i in wanted}
+    dists, rolls = [], []
+    maps: dict[int, list[torch.Tensor]] = {i: [] for i in wanted}
     grid: tuple[int, int] | None = None
     try:
         for batch in batches:

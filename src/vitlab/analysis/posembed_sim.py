@@ -8,6 +8,8 @@ summary numbers below measure both, so a report can say whether a model learned 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -21,7 +23,7 @@ def position_embedding_grid(model: VisionTransformer) -> np.ndarray:
     Learned tables drop their class-token row; sincos2d tables are computed (they are not parameters).
     """
     gh, gw = model.cfg.grid_size
-    if model.cfg.pos_embed == "learned":
+    if model.pos_embed is not None:  # learned
         table = model.pos_embed.detach()[0, model.num_prefix_tokens :]  # (N, D)
     elif model.cfg.pos_embed == "sincos2d":
         table = sincos_2d(gh, gw, model.cfg.embed_dim)  # (N, D)
@@ -48,7 +50,7 @@ def pos_embed_similarity(table: np.ndarray | torch.Tensor) -> np.ndarray:
     return (x @ x.T).reshape(gh, gw, gh, gw)
 
 
-def similarity_by_distance(sim: np.ndarray) -> dict[str, list[float] | float]:
+def similarity_by_distance(sim: np.ndarray) -> dict[str, Any]:
     """Summaries of a similarity grid that say whether it encodes 2-D position.
 
     Returns:

@@ -21,7 +21,8 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def derive_seed(*keys: int) -> int:
     """A 63-bit seed from a tuple of non-negative ints (seed, epoch, step, ...), via numpy's SeedSequence."""
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0] >> 1)
+    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, dtype=np.uint64)[0]
+    return int(state) >> 1  # shift the Python int: numpy 1.x has no uint64 >> int
 
 
 def norm_stats(normalize: str, channels: int) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -6,16 +6,21 @@ import functools
 import os
 from typing import Any
 
+from .._extras import needs
 from .arrays import ArrayDataset, stratified_holdout
 from .config import FASHION_MNIST_ROOT, DataConfig
 from .stream import ArrayEvalData, ArrayTrainStream, EvalData, TrainStream
 
 SPLITS = ("train", "val", "test")
-ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100")
+ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic")
 
 
 def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
     """The whole "train" or "test" file set of an in-memory dataset (read once per process, then shared)."""
+    if cfg.dataset == "synthetic":  # generated, no files
+        from .synthetic import load_synthetic
+
+        return load_synthetic(split, cfg.num_samples)
     root = os.path.abspath(cfg.root or FASHION_MNIST_ROOT)
     if not os.path.exists(root):
         hint = (" (install Debian's dataset-fashion-mnist, e.g. `make dataset`, or set data.root to a folder with "
@@ -91,7 +96,8 @@ def build_train_stream(
         from .folder import build_folder_train_stream
 
         return build_folder_train_stream(cfg, img_size=img_size, in_chans=in_chans, **common)
-    from .webds import WebDatasetTrainStream
+    with needs("data", "data.dataset: webdataset"):
+        from .webds import WebDatasetTrainStream
 
     return WebDatasetTrainStream(cfg, img_size=img_size, in_chans=in_chans, **common)
 
@@ -109,6 +115,7 @@ def build_eval_data(
         from .folder import build_folder_eval_data
 
         return build_folder_eval_data(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)
-    from .webds import WebDatasetEvalData
+    with needs("data", "data.dataset: webdataset"):
+        from .webds import WebDatasetEvalData
 
     return WebDatasetEvalData(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)

@@ -7,7 +7,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset")
+from ..config import check_keys
+
+DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset", "synthetic")
 NORMALIZE = ("inception", "imagenet")
 EVAL_RESIZE = ("resize", "center_crop")
 ERASING_VALUES = ("random", "zero")
@@ -21,7 +23,8 @@ class DataConfig:
     """Where the images come from and how they are augmented.
 
     Attributes:
-        dataset: One of `DATASETS`.
+        dataset: One of `DATASETS`. "synthetic" is generated in memory, shaped like Fashion-MNIST (no root;
+            see `vitlab.data.synthetic`), for tests and smoke runs.
         root: Dataset location. fashion_mnist defaults to Debian's /usr/share/datasets/fashion-mnist;
             imagefolder: a class tree, or a folder with `train_subdir` / `test_subdir` class trees;
             cifar10/100: the folder holding (or being) cifar-10-batches-bin / cifar-100-binary;
@@ -35,7 +38,8 @@ class DataConfig:
         val_seed: Seed of the hold-out split; independent of the training seed so every run sees the same one.
         normalize: "inception" maps pixels to [-1, 1] (what Google's checkpoints expect); "imagenet" uses
             the ImageNet mean/std.
-        expand_channels: Repeat greyscale data (Fashion-MNIST, MNIST) to 3 channels for in_chans=3 models.
+        expand_channels: Repeat greyscale data (Fashion-MNIST, MNIST, synthetic) to 3 channels for in_chans=3
+            models.
         inception_crop: Random resized crop ("inception crop") for training; off: plain resize.
         crop_scale: Area fraction range of the inception crop.
         crop_ratio: Aspect-ratio range of the inception crop.
@@ -56,7 +60,8 @@ class DataConfig:
             PIL's default (about 89 M pixels).
         num_workers: DataLoader worker processes for file datasets (imagefolder, webdataset).
         shuffle_buffer: webdataset: samples shuffled together (within a group of consecutive shards).
-        num_samples: webdataset: samples in the training shards, needed when shards are not local files.
+        num_samples: webdataset: samples in the training shards, needed when shards are not local files;
+            synthetic: training samples (default 60,000; the test split gets a sixth as many).
         num_classes: webdataset: classes, needed when shards are not local files.
         class_names: Optional names of the classes (webdataset, or to rename any dataset's classes).
     """
@@ -101,7 +106,7 @@ class DataConfig:
         """Raise ValueError naming the first bad field."""
         if self.dataset not in DATASETS:
             raise ValueError(f"data.dataset must be one of {DATASETS}, got {self.dataset!r}")
-        if self.dataset not in ("fashion_mnist",) and not self.root:
+        if self.dataset not in ("fashion_mnist", "synthetic") and not self.root:
             raise ValueError(f"data.root is required for dataset {self.dataset!r}")
         if not isinstance(self.val_fraction, int | float) or not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction!r}")
@@ -147,13 +152,7 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DataConfig:
-        if not isinstance(d, dict):
-            raise ValueError(f"the data section must be a mapping, got {type(d).__name__}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"unknown data key(s) {unknown}; valid keys: {known}")
-        return cls(**d)
+        return cls(**check_keys(d, cls, "data"))
 
     def replace(self, **overrides: Any) -> DataConfig:
         return DataConfig.from_dict({**self.to_dict(), **overrides})

@@ -10,10 +10,8 @@ without a single good image is an error before training starts.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +25,6 @@ from .batch_augment import derive_seed
 from .config import DataConfig
 from .images import (
     BadImageError,
-    BadImageWarning,
     decode_image,
     eval_transform,
     pil_to_tensor,
@@ -35,9 +32,9 @@ from .images import (
     verify_image,
 )
 from .position import Position, epoch_permutation
-from .stream import Batch, EvalData, TrainStream, one_thread
+from .stream import check_batch_size
+from .workers import BadSamples, Warner, WorkerEvalData, WorkerTrainStream
 
-MAX_WARNINGS = 20  # individual warnings per scan / stream; the rest are summarised and all are in the report
 MAX_REPLACEMENT_TRIES = 16
 
 
@@ -53,21 +50,6 @@ class FileIndex:
 
     def subset(self, idx: np.ndarray) -> FileIndex:
         return FileIndex([self.paths[i] for i in idx], self.labels[idx], self.classes, self.skipped, self.hidden)
-
-
-class _Warner:
-    """Warn for the first MAX_WARNINGS bad files, then once more with the count."""
-
-    def __init__(self, what: str):
-        self.what, self.count = what, 0
-
-    def __call__(self, path: str, reason: str, action: str) -> None:
-        self.count += 1
-        if self.count <= MAX_WARNINGS:
-            warnings.warn(f"{self.what}: {action} {path}: {reason}", BadImageWarning, stacklevel=3)
-        elif self.count == MAX_WARNINGS + 1:
-            warnings.warn(f"{self.what}: more bad files; further ones are only counted in the report",
-                          BadImageWarning, stacklevel=3)
 
 
 def scan_tree(
@@ -103,7 +85,7 @@ def scan_tree(
         if unknown:
             raise ValueError(f"image folder {root!r} has classes {unknown} that the training set does not have")
     label_of = {c: i for i, c in enumerate(classes)}
-    warn = _Warner(f"image folder {root}")
+    warn = Warner(f"image folder {root}")
     paths, labels, skipped, hidden = [], [], [], 0
     for name in dirs:
         good, visited = 0, set()
@@ -158,11 +140,12 @@ def _scan(root: str, cfg: DataConfig, classes: list[str] | None = None) -> FileI
 def folder_roots(cfg: DataConfig) -> tuple[str, str | None]:
     """(training tree, test tree or None) of an imagefolder config."""
     root = cfg.root
-    if not os.path.isdir(root):
+    if not root or not os.path.isdir(root):
         raise FileNotFoundError(f"data.root {root!r} does not exist or is not a directory")
     train = os.path.join(root, cfg.train_subdir)
     has_split = os.path.isdir(train)
     train = train if has_split else root
+    test: str | None
     if cfg.test_root:
         test = cfg.test_root
     elif os.path.isdir(os.path.join(root, cfg.test_subdir)):
@@ -182,7 +165,7 @@ def folder_split(cfg: DataConfig, split: str) -> tuple[FileIndex, dict[str, Any]
     if split == "test":
         if test_root is None:
             raise FileNotFoundError(
-                f"no test tree: {os.path.join(cfg.root, cfg.test_subdir)!r} does not exist; set data.test_root"
+                f"no test tree: {os.path.join(str(cfg.root), cfg.test_subdir)!r} does not exist; set data.test_root"
             )
         index = train if os.path.abspath(test_root) == os.path.abspath(train_root) else _scan(
             test_root, cfg, train.classes)
@@ -279,14 +262,7 @@ class _GlobalOrder:
             epoch, step = epoch + 1, 0
 
 
-def shutdown(it: Iterator | None) -> None:
-    """Stop a DataLoader iterator's worker processes now rather than whenever it is collected."""
-    stop = getattr(it, "_shutdown_workers", None)
-    if stop is not None:
-        stop()
-
-
-class FileTrainStream(TrainStream):
+class FileTrainStream(WorkerTrainStream):
     """TrainStream over a FileIndex, decoded and augmented image by image (torchvision.transforms.v2) in
     DataLoader workers, each sample under the seed of its (epoch, step, position in the global batch)."""
 
@@ -296,90 +272,40 @@ class FileTrainStream(TrainStream):
         self.cfg = cfg
         self.dataset = FolderDataset(index, train_transform(cfg, img_size, in_chans), in_chans, replace=True,
                                      strict=cfg.strict, max_pixels=cfg.max_image_pixels)
-        self.report.setdefault("replaced_at_load", [])
-        self._warn = _Warner("training stream")
-        self._seen_bad: set[str] = set()
-        self._it: Iterator | None = None
+        self.bad = BadSamples("training stream", self.report, "replaced_at_load", "replaced",
+                              count_key="num_replaced", once=True)
 
-    def _restart(self) -> None:
-        shutdown(getattr(self, "_it", None))  # the next batch starts a new iterator at the restored position
-        self._it = None
-
-    def close(self) -> None:
-        """Stop the worker processes (also done when the stream is collected)."""
-        self._restart()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at collection / interpreter exit the workers may already be gone
-            self._restart()
-
-    def __next__(self) -> Batch:
-        if self._it is None:
-            loader = DataLoader(
-                self.dataset,
-                batch_sampler=_GlobalOrder(len(self.dataset), self.position, seed=self.seed,
-                                           steps_per_epoch=self.steps_per_epoch, batch_size=self.batch_size,
-                                           rank=self.rank, world_size=self.world_size),
-                num_workers=self.cfg.num_workers,
-                collate_fn=collate,
-                generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
-            )
-            self._it = iter(loader)
-        with one_thread():  # decoding and transforms in this process (num_workers=0) run single-threaded
-            x, y, bad = next(self._it)
-        for path, reason in bad:
-            if path not in self._seen_bad:
-                self._seen_bad.add(path)
-                self._warn(path, reason, "replaced")
-                self.report["replaced_at_load"].append({"path": path, "reason": reason})
-        self.report["num_replaced"] = len(self.report["replaced_at_load"])
-        self.position.advance(self.steps_per_epoch)
-        return x, y
+    def _loader(self, position: Position) -> Iterator:
+        return iter(DataLoader(
+            self.dataset,
+            batch_sampler=_GlobalOrder(len(self.dataset), position, seed=self.seed,
+                                       steps_per_epoch=self.steps_per_epoch, batch_size=self.batch_size,
+                                       rank=self.rank, world_size=self.world_size),
+            num_workers=self.cfg.num_workers,
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(self.seed),  # never draw from the global RNG
+        ))
 
 
-class FileEvalData(EvalData):
+class FileEvalData(WorkerEvalData):
     """EvalData over a FileIndex: deterministic resize, bad files dropped from their batch and reported."""
 
     def __init__(self, index: FileIndex, cfg: DataConfig, *, img_size, in_chans: int, batch_size: int,
                  report: dict[str, Any]):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_batch_size(batch_size)
         tf = eval_transform(img_size, in_chans, normalize=cfg.normalize, resize=cfg.eval_resize,
                             crop_fraction=cfg.eval_crop_fraction)
         self.dataset = FolderDataset(index, tf, in_chans, replace=False, strict=cfg.strict,
                                      max_pixels=cfg.max_image_pixels)
         self.cfg, self.classes, self.batch_size, self.report = cfg, index.classes, batch_size, report
         self.num_samples = len(index.paths)
-        self.report.setdefault("dropped_at_load", [])
-        self._warn = _Warner("evaluation data")
+        self.bad = BadSamples("evaluation data", self.report, "dropped_at_load", "dropped", once=True)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def _loader(self) -> DataLoader:
         n = len(self.dataset)
         batches = [[(i, None) for i in range(s, min(s + self.batch_size, n))] for s in range(0, n, self.batch_size)]
-        loader = DataLoader(self.dataset, batch_sampler=batches, num_workers=self.cfg.num_workers,
-                            collate_fn=collate, generator=torch.Generator().manual_seed(0))
-        seen = {d["path"] for d in self.report["dropped_at_load"]}
-        for x, y, bad in _single_threaded(loader):
-            for path, reason in bad:
-                if path not in seen:
-                    seen.add(path)
-                    self._warn(path, reason, "dropped")
-                    self.report["dropped_at_load"].append({"path": path, "reason": reason})
-            if len(y):
-                yield x, y
-
-
-def _single_threaded(loader: DataLoader) -> Iterator:
-    """Iterate a loader with its batches made on one intra-op thread (see `one_thread`); the caller's code
-    between batches keeps its own thread count."""
-    it = iter(loader)
-    while True:
-        with one_thread():
-            try:
-                item = next(it)
-            except StopIteration:
-                return
-        yield item
+        return DataLoader(self.dataset, batch_sampler=batches, num_workers=self.cfg.num_workers,
+                          collate_fn=collate, generator=torch.Generator().manual_seed(0))
 
 
 def build_folder_train_stream(cfg: DataConfig, *, img_size, in_chans: int, **kw: Any) -> FileTrainStream:

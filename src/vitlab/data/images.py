@@ -20,10 +20,11 @@ import torch
 import torchvision.transforms.v2 as T
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from ..config import to_hw
 from ..preprocess import Preprocess, from_stats, resolve
 from .batch_augment import norm_stats
 from .config import DataConfig
-from .stream import as_hw, randaugment_op
+from .stream import randaugment_op
 
 
 class BadImageError(ValueError):
@@ -59,7 +60,7 @@ def decode_image(src: str | bytes, in_chans: int, *, max_pixels: int | None = No
                 src = f.read()
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(src))
+            img: Image.Image = Image.open(io.BytesIO(src))
             if limit and img.width * img.height > limit:
                 raise BadImageError(
                     f"{label}: refused as a decompression bomb: declares {img.width}x{img.height} = "
@@ -117,7 +118,7 @@ def verify_image(path: str, *, max_pixels: int | None = None) -> str | None:
 
 def train_transform(cfg: DataConfig, img_size, in_chans: int) -> T.Compose:
     """uint8 image tensor (C, H, W) -> augmented, normalised float32 (C, h, w)."""
-    hw = as_hw(img_size)
+    hw = to_hw(img_size)
     ops: list[T.Transform] = []
     if cfg.inception_crop:
         ops.append(T.RandomResizedCrop(hw, scale=cfg.crop_scale, ratio=cfg.crop_ratio, antialias=True))
@@ -139,7 +140,7 @@ def train_transform(cfg: DataConfig, img_size, in_chans: int) -> T.Compose:
 def eval_transform(img_size, in_chans: int, *, normalize: str = "inception", resize: str = "resize",
                    crop_fraction: float = 0.875) -> T.Compose:
     """uint8 image tensor (C, H, W) -> deterministic normalised float32 (C, h, w)."""
-    hw = as_hw(img_size)
+    hw = to_hw(img_size)
     if resize == "resize":
         ops: list[T.Transform] = [T.Resize(hw, antialias=True)]  # squash the whole image (paper fine-tuning)
     else:
@@ -162,6 +163,8 @@ class _Channels(T.Transform):
 
     def forward(self, img: Any) -> Any:  # type: ignore[override]
         if isinstance(img, Image.Image):
+            if img.getexif().get(0x0112, 1) != 1:  # EXIF orientation: upright, as every vitlab reader gives it
+                img = ImageOps.exif_transpose(img)
             img = to_mode(img, "RGB" if self.channels == "rgb" else "L")
             return img.convert("RGB") if self.channels == "grey_to_rgb" else img
         if not isinstance(img, torch.Tensor) or img.ndim != 3:
@@ -181,7 +184,8 @@ def preprocess_transform(p: Preprocess) -> T.Compose:
     """The eval transform `p` describes: PIL image (any mode) or uint8 (C, H, W) -> float32 (C, H, W).
 
     The resize runs on the PIL image when given one, so the result is what torchvision's `weights.transforms()`,
-    timm's `create_transform` and transformers' image processors compute from the same PIL image."""
+    timm's `create_transform` and transformers' image processors compute from the same PIL image (turned upright
+    first when its EXIF orientation says so, as `decode_image` does for files)."""
     interp = _INTERPOLATION[p.interpolation]
     hw, big = p.hw, p.resize_size
     ops: list[Any] = [_Channels(p.channels)]
@@ -228,8 +232,8 @@ def preprocess_of(source: Any, *, what: str | None = None, **overrides: Any) -> 
         own = hub.entry_preprocess(resolved.entry) or ckpt.preprocess
         if own is not None:
             return resolve(own, overrides=overrides, what=what or str(source))
-        cfg = ckpt.config or infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]
-        return resolve(None, img_size=cfg.img_size, in_chans=cfg.in_chans, overrides=overrides,
+        arch = ckpt.config or infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]
+        return resolve(None, img_size=arch.img_size, in_chans=arch.in_chans, overrides=overrides,
                        what=what or str(source))
     cfg = getattr(source, "cfg", None)
     if hasattr(source, "state") and hasattr(source, "format"):  # a Checkpoint

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torchvision.transforms.v2 as T
 
+from ..config import to_hw
 from .arrays import ArrayDataset
 from .batch_augment import (
     center_crop_batch,
@@ -35,16 +36,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # images float32 (B, C, H, W), labels
 LUMA = (0.299, 0.587, 0.114)  # ITU-R 601-2, what PIL's convert("L") uses
 
 
-def as_hw(img_size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
-    if isinstance(img_size, int) and not isinstance(img_size, bool):
-        hw = (img_size, img_size)
-    elif isinstance(img_size, tuple | list) and len(img_size) == 2:
-        hw = (int(img_size[0]), int(img_size[1]))
-    else:
-        raise ValueError(f"img_size must be an int or (H, W), got {img_size!r}")
-    if min(hw) <= 0:
-        raise ValueError(f"img_size must be positive, got {img_size!r}")
-    return hw
+def check_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
 def match_channels(x: torch.Tensor, in_chans: int, expand: bool, what: str) -> torch.Tensor:
@@ -116,8 +110,7 @@ class TrainStream:
         world_size: int,
         report: dict[str, Any],
     ):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_batch_size(batch_size)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={world_size}")
         self.name, self.classes = name, list(classes)
@@ -152,6 +145,10 @@ class TrainStream:
     def _restart(self) -> None:
         """Drop any prefetched state after the position was changed."""
 
+    def close(self) -> None:
+        """Release what the stream holds (worker processes); nothing to do for in-memory data."""
+        self._restart()
+
     # -- resume -----------------------------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
         return {"dataset": self.name, "seed": self.seed, "global_batch": self.global_batch,
@@ -174,7 +171,7 @@ class ArrayTrainStream(TrainStream):
 
     def __init__(self, data: ArrayDataset, cfg: DataConfig, *, img_size, in_chans: int, **kw: Any):
         super().__init__(classes=data.classes, epoch_size=len(data), **kw)
-        self.cfg, self.out_hw, self.in_chans = cfg, as_hw(img_size), in_chans
+        self.cfg, self.out_hw, self.in_chans = cfg, to_hw(img_size), in_chans
         self.images, self.labels = data.tensors()  # uint8 (N, C, H, W), int64 (N,)
         match_channels(self.images[:1].float(), in_chans, cfg.expand_channels, self.name)  # fail before training
         self.randaug = BatchRandAugment(*parse_randaugment(cfg.randaugment)) if cfg.randaugment else None
@@ -182,7 +179,7 @@ class ArrayTrainStream(TrainStream):
 
     def set_output_size(self, hw: tuple[int, int]) -> None:
         """Resample the next batches to hw (progressive resizing); the crops and flips drawn stay the same."""
-        self.out_hw = as_hw(tuple(hw))
+        self.out_hw = to_hw(tuple(hw))
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._perm_epoch:
@@ -254,9 +251,8 @@ class ArrayEvalData(EvalData):
 
     def __init__(self, data: ArrayDataset, cfg: DataConfig, *, name: str, img_size, in_chans: int,
                  batch_size: int, report: dict[str, Any]):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        self.cfg, self.name, self.out_hw, self.in_chans = cfg, name, as_hw(img_size), in_chans
+        check_batch_size(batch_size)
+        self.cfg, self.name, self.out_hw, self.in_chans = cfg, name, to_hw(img_size), in_chans
         self.images, self.labels = data.tensors()
         self.classes, self.num_samples, self.batch_size, self.report = data.classes, len(data), batch_size, report
         match_channels(self.images[:1].float(), in_chans, cfg.expand_channels, name)

@@ -11,6 +11,7 @@ the same images (decode + per-image transforms) with 0 and 2 DataLoader workers.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import tempfile
 import time
@@ -70,8 +71,8 @@ def measure(batch_size: int = 256, sizes: tuple[int, ...] = (28, 56), seconds: f
                           ("fashion_mnist stream, crop+flip+RandAugment 2-10", DataConfig(randaugment="2-10")),
                           ("fashion_mnist stream, no augmentation", DataConfig(inception_crop=False, hflip=False))):
             s = build_train_stream(cfg, img_size=size, in_chans=1, batch_size=batch_size, seed=0)
-            rows.append({"pipeline": name, "img_size": size, "images_per_s": _rate(lambda s=s: next(s), batch_size,
-                                                                                      seconds)})
+            rate = _rate(functools.partial(next, s), batch_size, seconds)
+            rows.append({"pipeline": name, "img_size": size, "images_per_s": rate})
         rows.append({"pipeline": "per-image torchvision.transforms.v2 crop+flip (baseline)", "img_size": size,
                      "images_per_s": _per_image_baseline(size, batch_size, seconds)})
     with tempfile.TemporaryDirectory() as root:
@@ -80,7 +81,7 @@ def measure(batch_size: int = 256, sizes: tuple[int, ...] = (28, 56), seconds: f
             cfg = DataConfig(dataset="imagefolder", root=root, num_workers=workers)
             s = build_train_stream(cfg, img_size=sizes[0], in_chans=1, batch_size=batch_size, seed=0)
             rows.append({"pipeline": f"imagefolder PNG, decode+crop+flip, num_workers={workers}",
-                         "img_size": sizes[0], "images_per_s": _rate(lambda s=s: next(s), batch_size, seconds)})
+                         "img_size": sizes[0], "images_per_s": _rate(functools.partial(next, s), batch_size, seconds)})
             s.close()
     return rows
 

@@ -18,7 +18,6 @@ warning and counted in the report, or raise in strict mode.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import tarfile
@@ -34,10 +33,10 @@ from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from .batch_augment import derive_seed
 from .config import DataConfig
-from .folder import _single_threaded, _Warner, shutdown
 from .images import BadImageError, decode_image, eval_transform, pil_to_tensor, train_transform
 from .position import Position, epoch_permutation
-from .stream import Batch, EvalData, TrainStream, one_thread
+from .stream import check_batch_size
+from .workers import BadSamples, WorkerEvalData, WorkerTrainStream
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff", "gif")
 LABEL_EXTS = ("cls", "class", "label")
@@ -134,7 +133,7 @@ def _raw_samples(shards: list[str], strict: bool, notes: list) -> Iterator[dict[
 
 def _shuffled(samples: Iterator[dict[str, Any]], bufsize: int, seed: int) -> Iterator[dict[str, Any]]:
     """A deterministic shuffle buffer: fill, then emit a random element and put the next sample in its slot."""
-    rng, buf = random.Random(seed), []
+    rng, buf = random.Random(seed), list[dict[str, Any]]()
     for s in samples:
         if len(buf) < bufsize:
             buf.append(s)
@@ -159,6 +158,18 @@ def _decode(sample: dict[str, Any], in_chans: int, max_pixels: int | None) -> tu
     except (ValueError, UnicodeDecodeError) as e:
         raise BadImageError(f"{name}: label {bytes(sample[label_key])[:20]!r} is not an integer") from e
     return pil_to_tensor(decode_image(bytes(sample[img_key]), in_chans, max_pixels=max_pixels, name=name)), label
+
+
+def _decode_or_note(sample: dict[str, Any], in_chans: int, cfg: DataConfig, notes: list[tuple[str, str]]
+                    ) -> tuple[torch.Tensor, int] | None:
+    """`_decode`, or None with the reason added to `notes` (raised in strict mode)."""
+    try:
+        return _decode(sample, in_chans, cfg.max_image_pixels)
+    except BadImageError as exc:
+        if cfg.strict:
+            raise
+        notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", str(exc)))
+        return None
 
 
 @dataclass
@@ -204,13 +215,9 @@ class _EpochShards(IterableDataset):
             xs, ys, k = [], [], 0
             while k < s.batch_size:
                 sample = next(samples)
-                try:
-                    img, label = _decode(sample, s.in_chans, s.cfg.max_image_pixels)
-                except BadImageError as exc:
-                    if s.cfg.strict:
-                        raise
-                    notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", str(exc)))
+                if (decoded := _decode_or_note(sample, s.in_chans, s.cfg, notes)) is None:
                     continue
+                img, label = decoded
                 if not 0 <= label < s.num_classes:
                     if s.cfg.strict:
                         raise BadImageError(f"{sample.get('__key__')}: label {label} outside [0, {s.num_classes})")
@@ -239,12 +246,14 @@ class _EpochShards(IterableDataset):
             cycle += 1
 
 
-class WebDatasetTrainStream(TrainStream):
+class WebDatasetTrainStream(WorkerTrainStream):
     """TrainStream over WebDataset shards (see the module docstring for order and resume)."""
+
+    restart_each_epoch = True  # the next epoch reads a new shard order
 
     def __init__(self, cfg: DataConfig, *, img_size, in_chans: int, **kw: Any):
         self.cfg, self.in_chans = cfg, in_chans
-        self.shards = expand_shards(cfg.root)
+        self.shards = expand_shards(cfg.root or "")  # DataConfig requires a root for webdataset
         if _is_local(self.shards):
             total, num_classes, per_shard = count_local_shards(self.shards)
         elif cfg.num_samples is None or cfg.num_classes is None:
@@ -269,20 +278,7 @@ class WebDatasetTrainStream(TrainStream):
                 "workers; write more shards or use fewer workers"
             )
         self.transform = train_transform(cfg, img_size, in_chans)
-        self._warn = _Warner("webdataset stream")
-        self._it: Iterator | None = None
-
-    def _restart(self) -> None:
-        shutdown(getattr(self, "_it", None))
-        self._it = None
-
-    def close(self) -> None:
-        """Stop the worker processes (also done when the stream is collected)."""
-        self._restart()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at collection / interpreter exit the workers may already be gone
-            self._restart()
+        self.bad = BadSamples("webdataset stream", self.report, "skipped", "skipping", count_key="num_skipped")
 
     def _loader(self, pos: Position) -> Iterator:
         plan = _Plan(self.cfg, self.shards, self.seed, self.rank, self.world_size, self.batch_size,
@@ -290,23 +286,6 @@ class WebDatasetTrainStream(TrainStream):
         ds = _EpochShards(plan, pos.epoch, pos.step)
         return iter(DataLoader(ds, batch_size=None, num_workers=self.cfg.num_workers,
                                generator=torch.Generator().manual_seed(self.seed)))
-
-    def __next__(self) -> Batch:
-        if self._it is None:
-            self._it = self._loader(self.position)
-        try:
-            with one_thread():
-                x, y, notes = next(self._it)
-        except StopIteration:  # cannot happen mid-epoch: every worker makes exactly its quota
-            raise RuntimeError("webdataset stream ended before the epoch did") from None
-        for where, reason in notes:
-            self._warn(where, reason, "skipping")
-            self.report["skipped"].append({"path": where, "reason": reason})
-        self.report["num_skipped"] = len(self.report["skipped"])
-        self.position.advance(self.steps_per_epoch)
-        if self.position.step == 0:
-            self._restart()  # the next epoch reads a new shard order
-        return x, y
 
 
 class _EvalShards(IterableDataset):
@@ -320,13 +299,9 @@ class _EvalShards(IterableDataset):
         notes: list[tuple[str, str]] = []
         xs, ys = [], []
         for sample in _raw_samples(shards, d.cfg.strict, notes):
-            try:
-                img, label = _decode(sample, d.in_chans, d.cfg.max_image_pixels)
-            except BadImageError as exc:
-                if d.cfg.strict:
-                    raise
-                notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", str(exc)))
+            if (decoded := _decode_or_note(sample, d.in_chans, d.cfg, notes)) is None:
                 continue
+            img, label = decoded
             xs.append(d.transform(img))
             ys.append(label)
             if len(xs) == d.batch_size:
@@ -337,7 +312,7 @@ class _EvalShards(IterableDataset):
             yield (torch.stack(xs) if xs else torch.empty(0)), torch.tensor(ys, dtype=torch.long), notes[:]
 
 
-class WebDatasetEvalData(EvalData):
+class WebDatasetEvalData(WorkerEvalData):
     """The "test" shards (data.test_root), read in order with a deterministic resize."""
 
     def __init__(self, cfg: DataConfig, split: str, *, img_size, in_chans: int, batch_size: int):
@@ -345,8 +320,7 @@ class WebDatasetEvalData(EvalData):
             raise ValueError(f"webdataset evaluation reads the 'test' split from data.test_root, not {split!r}")
         if not cfg.test_root:
             raise ValueError("webdataset evaluation needs data.test_root (a shard pattern)")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        check_batch_size(batch_size)
         self.cfg, self.in_chans, self.batch_size = cfg, in_chans, batch_size
         self.shards = expand_shards(cfg.test_root)
         total, num_classes = (count_local_shards(self.shards)[:2] if _is_local(self.shards)
@@ -358,15 +332,9 @@ class WebDatasetEvalData(EvalData):
                                         crop_fraction=cfg.eval_crop_fraction)
         self.report = {"dataset": "webdataset", "split": "test", "shards": len(self.shards), "samples": total,
                        "skipped": []}
-        self._warn = _Warner("webdataset evaluation")
+        self.bad = BadSamples("webdataset evaluation", self.report, "skipped", "dropped")
 
-    def __iter__(self) -> Iterator[Batch]:
+    def _loader(self) -> DataLoader:
         nw = min(self.cfg.num_workers, len(self.shards))
-        loader = DataLoader(_EvalShards(self), batch_size=None, num_workers=nw,
-                            generator=torch.Generator().manual_seed(0))
-        for x, y, notes in _single_threaded(loader):
-            for where, reason in notes:
-                self._warn(where, reason, "dropped")
-                self.report["skipped"].append({"path": where, "reason": reason})
-            if len(y):
-                yield x, y
+        return DataLoader(_EvalShards(self), batch_size=None, num_workers=nw,
+                          generator=torch.Generator().manual_seed(0))

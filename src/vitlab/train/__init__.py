@@ -2,19 +2,23 @@
 and the run report.
 
     recipe = load_recipe("configs/fmnist_pretrain.yaml", ["train.steps=100"])
-    summary = train(recipe, "runs/fmnist")          # resumable: train(recipe, "runs/fmnist", resume=True)
+    result = train(recipe, "runs/fmnist")           # resumable: train(recipe, "runs/fmnist", resume=True)
+    result.eval.top1, result.model, result.report  # a TrainResult
 """
 
+from ..evaluate import EvalResult, evaluate
 from .checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
-from .loop import NonFiniteError, RunDirError, build_model, evaluate, train, train_step
+from .loop import NonFiniteError, RunDirError, TrainResult, build_model, train, train_step
 from .optim import build_optimizer, param_groups
 from .recipe import Recipe, apply_overrides, load_recipe
 from .schedule import lr_at
 
 __all__ = [
+    "EvalResult",
     "NonFiniteError",
     "Recipe",
     "RunDirError",
+    "TrainResult",
     "apply_overrides",
     "build_model",
     "build_optimizer",

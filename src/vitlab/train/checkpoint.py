@@ -5,8 +5,8 @@ A checkpoint of step s is two files in `run_dir/checkpoints/`:
     step_{s:08d}.safetensors   the weights with the ViTConfig and metadata (`vitlab.save_weights`)
     step_{s:08d}.state.pt      training state: optimizer, step, RNG states, data position, EMA (torch.save)
 
-Each is written to a temporary file in the same folder, flushed and fsync'ed, then `os.replace`d onto its name,
-and the folder is fsync'ed. The state file is written last and names the step, so a checkpoint exists only when
+Each is written with `vitlab.io.write_atomic`: a temporary file in the same folder, fsync'ed, `os.replace`d onto
+its name, the folder fsync'ed. The state file is written last and names the step, so a checkpoint exists only when
 its state file does: a kill in the middle leaves at most a stray temporary file and the previous checkpoint intact.
 The state file holds only tensors, numbers, strings, lists and dicts, so it loads with `weights_only=True`.
 """
@@ -22,32 +22,14 @@ from typing import Any
 
 import torch
 
+from ..io import write_atomic
+
 CKPT_RE = re.compile(r"step_(\d{8})\.state\.pt")
 
 
-def fsync_path(path: str | os.PathLike) -> None:
-    """fsync a file or a directory (the directory entry of a rename is durable only after this)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp)` on a temporary file beside `path`, fsync it, rename it onto `path`, fsync the folder."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")  # same suffix: writers that check it accept it
-    try:
-        write(tmp)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_path(path.parent)
-    return path
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """`vitlab.io.write_atomic(path, write, overwrite=True)` (kept for the training modules that call it)."""
+    return write_atomic(path, write, overwrite=True)
 
 
 def checkpoint_paths(ckpt_dir: str | os.PathLike, step: int) -> tuple[Path, Path]:
@@ -89,8 +71,8 @@ def save_checkpoint(
         The weights path.
     """
     weights, state_path = checkpoint_paths(ckpt_dir, step)
-    atomic_write(weights, save_weights_fn)
-    atomic_write(state_path, lambda tmp: _torch_save(dict(state, step=step), tmp))  # commits the checkpoint
+    write_atomic(weights, save_weights_fn, overwrite=True)
+    write_atomic(state_path, lambda tmp: _torch_save(dict(state, step=step), tmp), overwrite=True)  # commits it
     for old in list_checkpoints(ckpt_dir)[:-keep]:
         for p in checkpoint_paths(ckpt_dir, old)[::-1]:  # state first: the pair stops counting at once
             p.unlink(missing_ok=True)

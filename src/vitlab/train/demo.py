@@ -7,53 +7,60 @@ the same `train()` as `vitlab train`; sized for ~10 minutes on 2 idle CPU cores.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
+import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import recipes
 from .checkpoint import atomic_write
-from .loop import train
+from .loop import TrainResult, train
 from .recipe import load_recipe
 
-CONFIG_DIR = Path(__file__).resolve().parents[3] / "configs"
+CONFIG_DIR = recipes.directory()  # the shipped recipes: package data, linked as configs/ in a checkout
+
+log = logging.getLogger(__name__)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-o", "--output", default=None, help="demo directory (default: runs/demo-<date-time>)")
-    p.add_argument("--configs", default=str(CONFIG_DIR), help="folder holding fmnist_pretrain/finetune.yaml")
-    p.add_argument("--data-root", default=None, help="Fashion-MNIST IDX folder (default: Debian's location)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override both recipes, e.g. --set train.steps=20 for a quick look (one or more; repeatable)")
-    p.add_argument("--no-progress", action="store_true")
-
-
-def run_demo(out: Path, configs: Path, overrides: list[str], data_root: str | None = None,
+def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = (), data_root: str | None = None,
              progress: bool = True) -> dict[str, Any]:
-    """Pre-train, fine-tune, and write `out/report.md`; returns the summary written to `out/demo.json`."""
+    """Pre-train, fine-tune, and write `out/report.md`; returns the summary written to `out/demo.json`.
+
+    Args:
+        out: A new (or empty) folder for both runs, demo.json and report.md.
+        configs: Folder holding fmnist_pretrain.yaml and fmnist_finetune.yaml (default: the shipped recipes).
+        overrides: `section.key=value` overrides applied to both recipes.
+        data_root: Fashion-MNIST IDX folder (default: the recipes' data.root).
+        progress: tqdm bars during training.
+
+    Raises:
+        FileNotFoundError: A recipe is missing.
+        FileExistsError: `out` exists and is not empty.
+        RuntimeError: A training step stopped before completing.
+    """
+    configs = Path(configs) if configs is not None else CONFIG_DIR
     for name in ("fmnist_pretrain.yaml", "fmnist_finetune.yaml"):
         if not (configs / name).is_file():
-            raise FileNotFoundError(f"{configs / name} not found; pass --configs pointing at the repo's configs/")
+            raise FileNotFoundError(f"{configs / name} not found; pass --configs pointing at a folder holding both")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty; choose another -o")
     extra = list(overrides) + ([f"data.root={data_root}"] if data_root else [])
     t0 = time.perf_counter()
-    print(f"[1/2] pre-training on Fashion-MNIST at 28 px -> {out / 'pretrain'}", flush=True)
+    log.info("[1/2] pre-training on Fashion-MNIST at 28 px -> %s", out / "pretrain")
     pre = train(load_recipe(configs / "fmnist_pretrain.yaml", extra), out / "pretrain", progress=progress)
     _check(pre)
-    print(f"      test top-1 {100 * pre['eval']['top1']:.2f}%", flush=True)
+    log.info("      test top-1 %.2f%%", 100 * pre["eval"]["top1"])
     ft_recipe = load_recipe(configs / "fmnist_finetune.yaml", [*extra, f"init.checkpoint={pre['model']}"])
     size = ft_recipe.model.overrides.get("img_size")
-    print(f"[2/2] fine-tuning at {size} px, position embeddings resampled "
-          f"({ft_recipe.init.pos_embed_resize}) -> {out / 'finetune'}", flush=True)
+    log.info("[2/2] fine-tuning at %s px, position embeddings resampled (%s) -> %s", size,
+             ft_recipe.init.pos_embed_resize, out / "finetune")
     ft = train(ft_recipe, out / "finetune", progress=progress)
     _check(ft)
-    print(f"      test top-1 {100 * ft['eval']['top1']:.2f}%", flush=True)
+    log.info("      test top-1 %.2f%%", 100 * ft["eval"]["top1"])
     summary = {"pretrain": _brief(pre), "finetune": _brief(ft), "wall_time_s": time.perf_counter() - t0,
                "threads": torch.get_num_threads()}
     atomic_write(out / "demo.json", lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
@@ -61,17 +68,17 @@ def run_demo(out: Path, configs: Path, overrides: list[str], data_root: str | No
     return summary
 
 
-def _check(s: dict[str, Any]) -> None:
+def _check(s: TrainResult) -> None:
     if not s["status"].startswith("completed"):
         raise RuntimeError(f"demo step stopped: {s['status']} at step {s['step']}")
 
 
-def _brief(s: dict[str, Any]) -> dict[str, Any]:
+def _brief(s: TrainResult) -> dict[str, Any]:
     return {"top1": s["eval"]["top1"], "top5": s["eval"]["top5"], "steps": s["step"], "images": s["images_seen"],
             "train_time_s": s["train_time_s"], "model": s["model"], "report": s["report"]}
 
 
-def _markdown(summary: dict[str, Any], pre: dict[str, Any], ft: dict[str, Any]) -> str:
+def _markdown(summary: dict[str, Any], pre: TrainResult, ft: TrainResult) -> str:
     p, f = summary["pretrain"], summary["finetune"]
     rows = [("pre-train, 28 px (7x7 patches)", p), ("fine-tune, 40 px (10x10 patches)", f)]
     lines = ["# vitlab demo: Fashion-MNIST pre-training and higher-resolution fine-tuning", "",
@@ -87,17 +94,3 @@ def _markdown(summary: dict[str, Any], pre: dict[str, Any], ft: dict[str, Any]) 
               "![pre-train](pretrain/curves.png)", "", "![fine-tune](finetune/curves.png)", ""]
     return "\n".join(lines)
 
-
-def run(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.output or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
-    try:
-        summary = run_demo(out, Path(args.configs), args.overrides, args.data_root, progress=not args.no_progress)
-    except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"\npre-train {100 * summary['pretrain']['top1']:.2f}% -> fine-tune "
-          f"{100 * summary['finetune']['top1']:.2f}% test top-1 in {summary['wall_time_s'] / 60:.1f} min")
-    print(f"report: {out / 'report.md'}")
-    return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -81,7 +82,7 @@ def wrap_model(model: nn.Module, info: DistInfo, parallel: str) -> nn.Module:
     if parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:
+        for block in cast(nn.ModuleList, model.blocks):
             fully_shard(block)
         fully_shard(model)
         return model
@@ -103,7 +104,7 @@ def full_state_dict(model: nn.Module, info: DistInfo) -> dict[str, torch.Tensor]
 
     if info.distributed:
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(unwrap(model), options=opts)
+        return cast(dict[str, torch.Tensor], get_model_state_dict(unwrap(model), options=opts))
     return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
 
 
@@ -128,3 +129,33 @@ def all_true(flag: bool, info: DistInfo) -> bool:
 def barrier(info: DistInfo) -> None:
     if info.distributed:
         dist.barrier()
+
+
+def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    """Every process's `obj`, in rank order (the data position and RNGs differ per rank)."""
+    if not info.distributed:
+        return [obj]
+    out: list[Any] = [None] * info.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def optimizer_state_dict(optimizer: torch.optim.Optimizer, net: nn.Module, info: DistInfo, parallel: str) -> Any:
+    """The optimizer's whole state (gathered to full tensors on the CPU under FSDP; every rank must call)."""
+    if info.distributed and parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(net, optimizer, options=opts)
+    return optimizer.state_dict()
+
+
+def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, net: nn.Module, state: Any, info: DistInfo,
+                              parallel: str) -> None:
+    """Load what `optimizer_state_dict` returned (sharded again under FSDP)."""
+    if info.distributed and parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(net, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(state)

@@ -32,7 +32,7 @@ def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.Optimize
     """The optimizer of a recipe's `optim` section, lr set to the peak (the schedule scales it per step)."""
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=True)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, foreach=True)
     if cfg.name == "sgd":
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov, foreach=True)
     raise ValueError(f"unknown optimizer {cfg.name!r}; valid: adamw, sgd")

@@ -20,24 +20,16 @@ from typing import Any
 
 import yaml
 
-from ..config import RESIZE_MODES, ViTConfig, canonical_name
+from ..config import RESIZE_MODES, ViTConfig, canonical_name, check_keys
+from ..precision import PRECISIONS
 
-PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
 PARALLEL = ("ddp", "fsdp")
 
 
 def _check_keys(section: str, d: Any, cls: type) -> dict[str, Any]:
-    if d is None:
-        return {}
-    if not isinstance(d, dict):
-        raise ValueError(f"recipe section {section!r} must be a mapping, got {type(d).__name__}")
-    valid = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(d) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in recipe section {section!r}; valid keys: {valid}")
-    return dict(d)
+    return {} if d is None else check_keys(d, cls, f"recipe section {section!r}")
 
 
 def _number(section: str, key: str, value: Any, *, lo: float | None = None, hi: float | None = None,
@@ -118,7 +110,7 @@ class OptimSection:
         _number("optim", "lr", self.lr, lo=0, lo_open=True)
         if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
             raise ValueError(f"optim.betas must be a pair [beta1, beta2], got {self.betas!r}")
-        self.betas = tuple(float(b) for b in self.betas)
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
         for b in self.betas:
             _number("optim", "betas", b, lo=0, hi=1)
         _number("optim", "eps", self.eps, lo=0)
@@ -157,8 +149,9 @@ class TrainSection:
         batch_size: Global batch per optimizer step (all processes and accumulation steps together).
         steps: Optimizer steps; give this or `epochs`.
         epochs: Passes over the training set (converted to steps with the stream's epoch size).
-        precision: "bf16" (autocast on CPU and GPU; weights and optimizer stay fp32), "fp32", or "auto": bf16 on
-            a GPU with bf16 support or a CPU with AMX tiles (where bf16 matmuls are several times faster), else fp32.
+        precision: "auto" (the default): bf16 on a GPU with bf16 support or a CPU with AMX tiles (where bf16
+            matmuls are several times faster), else fp32; or "bf16" (autocast on CPU and GPU; weights and optimizer
+            stay fp32) or "fp32" explicitly.
         seed: Seeds model init, data order, augmentation, dropout.
         accum_steps: Micro-batches per optimizer step (batch_size must divide by accum_steps * processes).
         eval_every: Evaluate every this many steps (0: only at the end).
@@ -186,12 +179,15 @@ class TrainSection:
             embeddings are resampled on the grid for each smaller input (the paper's resolution change, Sec. 3.2,
             inside one run); low-resolution steps are several times cheaper. Sizes must be multiples of the
             pixels per token; `until` strictly increasing in (0, 1). null: off.
+        evaluators: Extra evaluations run during training, each a mapping with a `kind` (see `EVALUATORS`), e.g.
+            `[{kind: fewshot, every: 500, shots: [5]}]`: the paper's few-shot linear probe (Sec. 4.1). Their
+            numbers go to metrics.jsonl (split: the evaluator's name), TensorBoard and the report.
     """
 
     batch_size: int = 128
     steps: int | None = None
     epochs: float | None = None
-    precision: str = "bf16"
+    precision: str = "auto"
     seed: int = 0
     accum_steps: int = 1
     eval_every: int = 0
@@ -212,6 +208,7 @@ class TrainSection:
     eval_max_samples: int | None = None
     time_budget_min: float | None = None
     resize_schedule: list[list[float]] | None = None
+    evaluators: list[Any] = field(default_factory=list)
 
     def validate(self) -> None:
         _number("train", "batch_size", self.batch_size, lo=1, integer=True)
@@ -245,6 +242,83 @@ class TrainSection:
         _number("train", "time_budget_min", self.time_budget_min, lo=0, lo_open=True, allow_none=True)
         if self.resize_schedule is not None:
             self.resize_schedule = check_resize_schedule(self.resize_schedule)
+        self.evaluators = check_evaluators(self.evaluators)
+
+
+@dataclass
+class FewShotEvaluator:
+    """`train.evaluators: [{kind: fewshot, ...}]`: the paper's few-shot linear probe (Sec. 4.1, "Metrics"), run on
+    the frozen pre-logits features of the model being trained (`vitlab.analysis.fewshot`).
+
+    Attributes:
+        kind: "fewshot".
+        name: The evaluator's name in metrics.jsonl (its split), TensorBoard and the report; unique per run.
+        every: Run every this many steps (0: only at the end); it always runs at the end of a completed run.
+        shots: Examples per class drawn for the ridge classifier (the paper: 1, 5, 10, 25).
+        seeds: Random draws of the shots averaged per shot count.
+        l2_reg: Ridge strength (big_vision's 2^10).
+        train_split: Split the shots are drawn from ("train", unaugmented; or "val").
+        train_samples: Size of the pool the shots are drawn from (the first this many images of train_split).
+        eval_split: Split the probe is scored on ("test" or "val").
+        eval_samples: Images of eval_split scored (the first this many).
+        batch_size: Feature-extraction batch size (null: train.eval_batch_size, else the micro-batch).
+    """
+
+    kind: str = "fewshot"
+    name: str = "fewshot"
+    every: int = 0
+    shots: list[int] = field(default_factory=lambda: [5])
+    seeds: int = 3
+    l2_reg: float = 1024.0
+    train_split: str = "train"
+    train_samples: int = 2000
+    eval_split: str = "test"
+    eval_samples: int = 1000
+    batch_size: int | None = None
+
+    def validate(self, where: str) -> None:
+        if not isinstance(self.name, str) or not self.name or self.name == "train" or self.name.startswith("eval"):
+            raise ValueError(f"{where}.name must be a non-empty name other than 'train' / 'eval*', got {self.name!r}")
+        _number(where, "every", self.every, lo=0, integer=True)
+        if not isinstance(self.shots, list | tuple) or not self.shots:
+            raise ValueError(f"{where}.shots must be a non-empty list of positive ints, got {self.shots!r}")
+        self.shots = list(self.shots)
+        for s in self.shots:
+            _number(where, "shots", s, lo=1, integer=True)
+        _number(where, "seeds", self.seeds, lo=1, integer=True)
+        _number(where, "l2_reg", self.l2_reg, lo=0)
+        _choice(where, "train_split", self.train_split, ("train", "val"))
+        _choice(where, "eval_split", self.eval_split, ("val", "test"))
+        _number(where, "train_samples", self.train_samples, lo=1, integer=True)
+        _number(where, "eval_samples", self.eval_samples, lo=1, integer=True)
+        _number(where, "batch_size", self.batch_size, lo=1, integer=True, allow_none=True)
+
+
+EVALUATORS: dict[str, type] = {"fewshot": FewShotEvaluator}  # kind -> its settings
+
+
+def check_evaluators(specs: Any) -> list[Any]:
+    """`train.evaluators` as a list of evaluator settings (`EVALUATORS`), each validated; names unique."""
+    if specs is None:
+        return []
+    if not isinstance(specs, list | tuple):
+        raise ValueError(f"train.evaluators must be a list of mappings with a 'kind', got {specs!r}")
+    out = []
+    for i, spec in enumerate(specs):
+        where = f"train.evaluators[{i}]"
+        if dataclasses.is_dataclass(spec):
+            spec = dataclasses.asdict(spec)  # type: ignore[arg-type]
+        if not isinstance(spec, dict) or spec.get("kind") not in EVALUATORS:
+            kind = spec.get("kind") if isinstance(spec, dict) else spec
+            raise ValueError(f"{where}: unknown evaluator kind {kind!r}; valid kinds: {sorted(EVALUATORS)}")
+        cls = EVALUATORS[spec["kind"]]
+        ev = cls(**_check_keys(where, spec, cls))
+        ev.validate(where)
+        out.append(ev)
+    names = [ev.name for ev in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"train.evaluators: names must be unique (set `name`), got {names}")
+    return out
 
 
 def check_resize_schedule(schedule: Any) -> list[list[float]]:
@@ -318,9 +392,7 @@ class Recipe:
     def from_dict(cls, d: dict[str, Any], *, check_data: bool = True) -> Recipe:
         if not isinstance(d, dict):
             raise ValueError(f"a recipe must be a mapping with sections {list(SECTIONS)}, got {type(d).__name__}")
-        unknown = sorted(set(d) - set(SECTIONS))
-        if unknown:
-            raise ValueError(f"unknown recipe section(s) {unknown}; valid sections: {list(SECTIONS)}")
+        check_keys(d, SECTIONS, "recipe", "section")
         sections: dict[str, Any] = {}
         for name, sec_cls in (("optim", OptimSection), ("schedule", ScheduleSection), ("train", TrainSection),
                               ("init", InitSection)):

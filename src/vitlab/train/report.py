@@ -4,10 +4,27 @@ Markdown, all read back from metrics.jsonl so a resumed run's report covers the 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from .checkpoint import atomic_write
+from .._extras import needs
+from ..io import write_atomic
+
+
+def open_metrics(path: str | Path) -> TextIO:
+    """metrics.jsonl opened for appending. A row torn by a kill mid-write is ended first, so that the next row
+    starts a line of its own: `read_metrics` then drops only the torn row, not the first one after a resume."""
+    p = Path(path)
+    torn = False
+    if p.is_file() and p.stat().st_size:
+        with open(p, "rb") as tail:
+            tail.seek(-1, os.SEEK_END)
+            torn = tail.read(1) != b"\n"
+    f = open(p, "a", encoding="utf-8")  # noqa: SIM115 (the caller closes it)
+    if torn:
+        f.write("\n")
+    return f
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -26,16 +43,33 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return sorted(rows.values(), key=lambda r: (r["step"], r.get("split", "")))
 
 
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
+def speed_and_evaluators(rows: list[dict[str, Any]]) -> tuple[float | None, float | None, dict[str, dict[str, Any]]]:
+    """(median images/s, median MFU, the last row of each evaluator by name) of a run's metrics rows. The first
+    training row is left out of the medians when there are others (it carries the warm-up)."""
+    train = [r for r in rows if r.get("split") == "train"]
+    train = train[1:] or train
+    evaluators: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        split = str(r.get("split", ""))
+        if split != "train" and not split.startswith("eval"):
+            evaluators[split] = r  # rows are in step order: the last one wins
+    return (_median([r["images_per_s"] for r in train if "images_per_s" in r]),
+            _median([r["mfu"] for r in train if "mfu" in r]), evaluators)
+
+
 def plot_curves(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     """Loss, learning rate and evaluation accuracy against steps, in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with needs("train", "the training curves (curves.png)"):
+        from matplotlib.figure import Figure  # no pyplot: matplotlib's backend and global state stay the caller's
 
     train = [r for r in rows if r.get("split") == "train"]
     evals = [r for r in rows if str(r.get("split", "")).startswith("eval")]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig = Figure(figsize=(15, 4))
+    axes = fig.subplots(1, 3)
     axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
     if evals:
         axes[0].plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label=evals[0]["split"] + " loss")
@@ -50,6 +84,12 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
         if any("top1_raw" in r for r in evals):
             axes[2].plot([r["step"] for r in evals], [100 * r.get("top1_raw", float("nan")) for r in evals], "x--",
                          label="top-1 (raw weights; EMA above)")
+    for name, last in speed_and_evaluators(rows)[2].items():  # the few-shot probe's accuracy beside top-1
+        ev_rows = [r for r in rows if r.get("split") == name]
+        for k in (k for k in last if k.endswith("shot")):
+            axes[2].plot([r["step"] for r in ev_rows], [100 * r.get(k, float("nan")) for r in ev_rows], "s:",
+                         label=f"{name} {k[:-4]}-shot")
+    if axes[2].lines:
         axes[2].legend()
     axes[2].set_xlabel("step")
     axes[2].set_ylabel(f"{evals[0]['split'] if evals else 'eval'} accuracy (%)")
@@ -58,8 +98,7 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    plt.close(fig)
+    write_atomic(out, lambda tmp: fig.savefig(tmp, format="png", dpi=100), overwrite=True)
     return out
 
 
@@ -73,11 +112,14 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
     ev = summary.get("eval") or {}
     report["final"] = {k: ev[k] for k in ("top1", "top5", "loss", "num_samples", "per_class") if k in ev}
     report["curves"] = str(curves)
-    train_rows = [r for r in rows if r.get("split") == "train"]
-    if train_rows:
-        ips = [r["images_per_s"] for r in train_rows[1:]] or [train_rows[0]["images_per_s"]]
-        report["median_images_per_s"] = sorted(ips)[len(ips) // 2]
-    atomic_write(run_dir / "report.json", lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+    ips, mfu, evaluators = speed_and_evaluators(rows)
+    if ips is not None:
+        report["median_images_per_s"] = ips
+    if mfu is not None:
+        report["median_mfu"] = mfu
+    if evaluators:
+        report["evaluators"] = evaluators
+    write_atomic(run_dir / "report.json", json.dumps(report, indent=2) + "\n", overwrite=True)
     lines = [f"# Run report: {run_dir}", ""]
     if recipe is not None:
         cfg = recipe.model.vit_config(num_classes=len(ev.get("classes", [])) or 1)
@@ -89,8 +131,13 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
         f"- images seen: {summary.get('images_seen')}",
         f"- precision: {summary.get('precision', '-')}",
         f"- training time: {summary.get('train_time_s', 0) / 60:.1f} min",
-        f"- median throughput: {report.get('median_images_per_s', 0):.0f} images/s",
+        f"- median throughput: {report.get('median_images_per_s', 0):.0f} images/s"
+        + (f", MFU {100 * mfu:.1f}% (of a measured matmul peak)" if mfu is not None else ""),
     ]
+    for name, row in evaluators.items():
+        shots = ", ".join(f"{k[:-4]}-shot {100 * v:.2f}% (± {100 * row.get(k + '_std', 0):.2f})"
+                          for k, v in row.items() if k.endswith("shot") and isinstance(v, int | float))
+        lines.append(f"- {name} at step {row['step']}: {shots or row}")
     if ev:
         split = summary.get("eval_split", "eval")
         lines += [f"- {split} top-1: {100 * ev['top1']:.2f}%  top-5: {100 * ev['top5']:.2f}%  "
@@ -98,5 +145,5 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
         lines += [f"| {c} | {100 * a:.1f}% |" for c, a in ev.get("per_class", {}).items()]
     lines += ["", f"Weights: {summary.get('model', '-')}", "", "![curves](curves.png)", ""]
     md = run_dir / "report.md"
-    atomic_write(md, lambda tmp: tmp.write_text("\n".join(lines), encoding="utf-8"))
+    write_atomic(md, "\n".join(lines), overwrite=True)
     return md

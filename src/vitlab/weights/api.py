@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 from torch import nn
@@ -65,12 +65,14 @@ def load_weights(
     resolved = hub.resolve(path)
     ckpt = read_checkpoint(resolved.path)
     if checkpoint_grid is not None:
-        ckpt.grid = tuple(checkpoint_grid)
+        gh, gw = checkpoint_grid
+        ckpt.grid = (gh, gw)
     report = _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
     eps = ckpt.known.get("hybrid_eps")
-    if eps is not None and model.cfg.hybrid_layers is not None and eps != model.cfg.hybrid_eps:
+    backbone = model.patch_embed.backbone  # the hybrid's ResNet, else None
+    if eps is not None and backbone is not None and eps != model.cfg.hybrid_eps:
         # the ResNet's numerics follow the weights' source (docs/weights.md, "Hybrid numerics")
-        set_eps(model.patch_embed.backbone, eps)
+        set_eps(backbone, eps)
         report.messages.append(f"hybrid_eps: {model.cfg.hybrid_eps!r} -> {eps!r}, the epsilons of the weights' source")
         model.cfg = model.cfg.replace(hybrid_eps=eps)
     entry_pp = hub.entry_preprocess(resolved.entry) or ckpt.preprocess  # the entry's facts, else the file's
@@ -132,6 +134,24 @@ def save_weights(
     raise ValueError(f"cannot tell the format of {path}: use a .safetensors (vitlab) or .npz (Google) suffix")
 
 
+@overload
+def load_model(
+    path: str | Path, *, pos_embed_resize: str | None = None, return_report: Literal[False] = False, **overrides: Any
+) -> VisionTransformer: ...
+
+
+@overload
+def load_model(
+    path: str | Path, *, pos_embed_resize: str | None = None, return_report: Literal[True], **overrides: Any
+) -> tuple[VisionTransformer, LoadReport]: ...
+
+
+@overload
+def load_model(
+    path: str | Path, *, pos_embed_resize: str | None = None, return_report: bool, **overrides: Any
+) -> VisionTransformer | tuple[VisionTransformer, LoadReport]: ...
+
+
 def load_model(
     path: str | Path,
     *,
@@ -170,7 +190,7 @@ def load_model(
             report.messages.append("no config.json beside the transformers weights: layer_norm_eps=1e-6 assumed "
                                    "(transformers' default is 1e-12; pass layer_norm_eps=... if it was used)")
         if report.inferred.get("img_size") is not None and ckpt.grid is None:
-            ckpt.grid = _grid(report.inferred["img_size"], cfg.pixel_patch)
+            ckpt.grid = cfg.grid_size  # the file's grid: cfg has the inferred img_size
         log.info("%s: inferred from tensor shapes: %s", ckpt.source,
                  ", ".join(f"{k}={v}" for k, v in report.inferred.items()))
     if overrides:
@@ -207,13 +227,8 @@ def _uninitialised(cfg: ViTConfig) -> VisionTransformer | None:
             module.register_parameter(name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad))
         for name, b in list(module.named_buffers(recurse=False)):
             module.register_buffer(name, torch.empty(b.shape, dtype=b.dtype))
-    model.__class__ = VisionTransformer  # a plain VisionTransformer from here on
+    model.__class__ = VisionTransformer  # type: ignore[assignment]  # a plain VisionTransformer from here on
     return model
-
-
-def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:
-    h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
-    return (h // patch, w // patch)
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def apply_state_dict(
             prefix = model.num_prefix_tokens
             n = src.shape[1] - prefix
             try:
-                grid = tuple(src_grid) if src_grid is not None else infer_grid(n)
+                grid = (src_grid[0], src_grid[1]) if src_grid is not None else infer_grid(n)
             except ValueError:
                 raise ShapeMismatchError(
                     f"{report.source}: cannot resample pos_embed: its {n} patch rows are not a square grid and the "
@@ -157,7 +157,7 @@ def apply_state_dict(
             model.load_state_dict({k: v.to(dtype=target[k].dtype) for k, v in updates.items()}, strict=False,
                                   assign=True)
         else:
-            params = dict(model.named_parameters())
+            params: dict[str, torch.Tensor] = dict(model.named_parameters())
             params.update(dict(model.named_buffers()))
             for name, value in updates.items():
                 params[name].copy_(value.to(dtype=params[name].dtype))

@@ -71,7 +71,8 @@ def _convention(ckpt: Checkpoint) -> pp.Preprocess | None:
         # 512 / 518: resize = crop, bicubic (ViT_L_16 V1's 242 and SWAG_LINEAR need their registry entry)
         if size == 224:
             return pp.torchvision_classification(224, 256, "bilinear", "torchvision convention (IMAGENET1K_V1)")
-        return pp.torchvision_classification(size, size, "bicubic", "torchvision convention (SWAG_E2E_V1)")
+        side = size if isinstance(size, int) else size[0]  # torchvision's ViTs are square
+        return pp.torchvision_classification(side, side, "bicubic", "torchvision convention (SWAG_E2E_V1)")
     if ckpt.format == "big_vision":
         # big_vision's ImageNet ViT configs (vit_i1k.py, vit_s16_i1k.py) evaluate with
         # decode|resize_small(256)|central_crop(224)|value_range(-1, 1): shorter side to size / 0.875, centre crop;
@@ -119,8 +120,8 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     if path.suffix == ".safetensors":
         header = ours.read_header(path)
         tensors = ours.load_tensors(path)
-        if ours.CONFIG_KEY in header:
-            cfg = ours.read_config(path)
+        cfg = ours.read_config(path) if ours.CONFIG_KEY in header else None
+        if cfg is not None:
             meta = ours.read_meta(path)
             return Checkpoint(path, "vitlab", timm.to_ours(tensors, src), config=cfg, grid=cfg.grid_size,
                               meta=meta, preprocess=ours.read_preprocess(path, header) or _from_recipe(meta, cfg))

@@ -125,7 +125,8 @@ def to_ours(state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tens
     for (i, kind), parts in qkv.items():
         if any(p is None for p in parts):
             raise WeightsError(f"{source}: block {i} lacks one of query/key/value {kind}")
-        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(parts, dim=0)  # (3D, D) / (3D,): q, k, v
+        q_k_v = [p for p in parts if p is not None]  # all three (checked above)
+        out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(q_k_v, dim=0)  # (3D, D) / (3D,): q, k, v
     return out
 
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..io import atomic_write, place, write_atomic
 from .report import WeightsError
 
 if TYPE_CHECKING:
@@ -588,8 +589,7 @@ def download_url(url: str, dest: str | os.PathLike[str], *, sha256: str | None =
             part.unlink()
             raise WeightsError(f"{url}: checksum mismatch: the {size:,} bytes downloaded have sha256 {digest}, "
                                f"expected {sha256}{'...' if len(sha256) < 64 else ''}; nothing was kept")
-        _fsync(part)
-        os.replace(part, dest)
+        place(part, dest)  # fsync'ed, renamed, folder fsync'ed
         _write_marker(dest, digest)
     log.info("downloaded %s to %s", url, dest)
     return dest
@@ -701,7 +701,7 @@ def _marker(path: Path) -> Path:
 
 
 def _write_marker(path: Path, digest: str) -> None:
-    _marker(path).write_text(digest + "\n")
+    write_atomic(_marker(path), digest + "\n", overwrite=True)
 
 
 def _sha256(path: Path) -> str:
@@ -730,15 +730,8 @@ def _file_lock(dest: Path) -> Iterator[None]:
 
 
 def _copy_atomic(src: Path, dest: Path) -> None:
-    from .atomic import atomic_output
-
-    with atomic_output(dest) as tmp:
+    with atomic_write(dest) as tmp:
         shutil.copyfile(src, tmp)
-
-
-def _fsync(path: Path) -> None:
-    with open(path, "rb+") as f:
-        os.fsync(f.fileno())
 
 
 # -- status (for `vitlab weights show`) ---------------------------------------------------------------------

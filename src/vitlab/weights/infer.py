@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..config import _WIDTHS, VARIANTS, ViTConfig
+from ..config import _WIDTHS, VARIANTS, ViTConfig, pixels_per_token, to_hw
 from ..posembed import infer_grid
 from .report import WeightsError
 
@@ -83,7 +83,7 @@ def infer_config(
     inferred.update(hybrid)
     inferred["pool"] = "token" if inferred["class_token"] else "gap"
     # pixels per token: P, or the hybrid ResNet's stride x P
-    pixel = int(ph) * (4 * 2 ** max(len(hybrid["hybrid_layers"]) - 1, 0) if hybrid else 1)
+    pixel = pixels_per_token(int(ph), hybrid.get("hybrid_layers"))
     notes: list[str] = []
     if "pos_embed" in state:
         inferred["pos_embed"] = "learned"
@@ -130,7 +130,7 @@ def infer_config(
 
 
 def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:
-    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    h, w = to_hw(img_size)
     return (h // patch, w // patch)
 
 

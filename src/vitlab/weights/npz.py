@@ -37,32 +37,98 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ..config import ViTConfig
+from ..io import atomic_write
 from ..posembed import sincos_2d
-from .atomic import atomic_output
 from .report import WeightsError
 
 PREFIX = "opt/target/"
-_BLOCK_RE = re.compile(r"Transformer/encoderblock_(\d+)/(.+)")
-# Reading: Linen names (what `_linen_names` turns either naming into). Writing: the released names.
-_ATTN = "MultiHeadDotProductAttention_0"
-_LN = {"LayerNorm_0": "norm1", "LayerNorm_1": "norm2"}
-_DENSE = {"MlpBlock_0/Dense_0": "mlp.fc1", "MlpBlock_0/Dense_1": "mlp.fc2"}
-_ATTN_RELEASED = "MultiHeadDotProductAttention_1"
-_LN_RELEASED = {"LayerNorm_0": "norm1", "LayerNorm_2": "norm2"}
-_DENSE_RELEASED = {"MlpBlock_3/Dense_0": "mlp.fc1", "MlpBlock_3/Dense_1": "mlp.fc2"}
+
+# Every tensor, read both ways: (vit_jax name as released, our name, layout, piece of our tensor). {i} numbers the
+# block; {s} and {u} a hybrid's ResNet stage and unit, counted from 1 by vit_jax and from 0 by us. Reading
+# renumbers the file's names the Linen way first (`_linen_names`), so it matches this table renumbered alike.
+_B = "Transformer/encoderblock_{i}/"
+_ATTN = _B + "MultiHeadDotProductAttention_1/"
+_UNIT, _STAGE = "block{s}/unit{u}/", "patch_embed.backbone.stages.{s}.blocks.{u}."
+_STEM = "patch_embed.backbone.stem."  # a stem-only hybrid's backbone is the stem itself: no "stem."
+_OFFSET = {"i": 0, "s": 1, "u": 1}  # vit_jax's number minus ours
+_QKV = ("query", "key", "value")
+
+
+class _Row(NamedTuple):
+    theirs: str
+    ours: str
+    layout: str = "same"
+    piece: int | None = None  # q, k, v: pieces 0, 1, 2 of blocks.{i}.attn.qkv, stacked on dim 0
+
+
+def _affine(theirs: str, ours: str, layout: str = "same") -> list[_Row]:
+    """A LayerNorm's or GroupNorm's scale and bias."""
+    return [_Row(f"{theirs}/scale", f"{ours}.weight", layout), _Row(f"{theirs}/bias", f"{ours}.bias", layout)]
+
+
+def _dense(theirs: str, ours: str) -> list[_Row]:
+    return [_Row(f"{theirs}/kernel", f"{ours}.weight", "dense"), _Row(f"{theirs}/bias", f"{ours}.bias")]
+
+
+_TABLE: list[_Row] = [
+    _Row("embedding/kernel", "patch_embed.proj.weight", "conv"),
+    _Row("embedding/bias", "patch_embed.proj.bias"),
+    _Row("cls", "cls_token", "cls"),
+    _Row("Transformer/posembed_input/pos_embedding", "pos_embed", "tokens"),
+    *_affine(_B + "LayerNorm_0", "blocks.{i}.norm1"),
+    *[_Row(f"{_ATTN}{n}/kernel", "blocks.{i}.attn.qkv.weight", "heads_in", j) for j, n in enumerate(_QKV)],
+    *[_Row(f"{_ATTN}{n}/bias", "blocks.{i}.attn.qkv.bias", "heads", j) for j, n in enumerate(_QKV)],
+    _Row(_ATTN + "out/kernel", "blocks.{i}.attn.proj.weight", "heads_out"),
+    _Row(_ATTN + "out/bias", "blocks.{i}.attn.proj.bias"),
+    *_affine(_B + "LayerNorm_2", "blocks.{i}.norm2"),
+    *_dense(_B + "MlpBlock_3/Dense_0", "blocks.{i}.mlp.fc1"),
+    *_dense(_B + "MlpBlock_3/Dense_1", "blocks.{i}.mlp.fc2"),
+    *_affine("Transformer/encoder_norm", "norm"),
+    *_dense("pre_logits", "pre_logits.fc"),
+    *_dense("head", "head"),
+    _Row("conv_root/kernel", _STEM + "conv.weight", "conv"),
+    *_affine("gn_root", _STEM + "norm", "gn"),
+    *[_Row(f"{_UNIT}conv{r}/kernel", f"{_STAGE}conv{r}.weight", "conv") for r in (1, 2, 3)],
+    *[row for r in (1, 2, 3) for row in _affine(f"{_UNIT}gn{r}", f"{_STAGE}norm{r}", "gn")],
+    _Row(_UNIT + "conv_proj/kernel", _STAGE + "downsample.conv.weight", "conv"),
+    *_affine(_UNIT + "gn_proj", _STAGE + "downsample.norm", "gn"),
+]
+
+# layout -> (vit_jax array -> ours, ours -> vit_jax given (heads, head_dim))
+_LAYOUTS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray, tuple[int, int]], np.ndarray]]] = {
+    "same": (lambda a: a, lambda x, hh: x),
+    "dense": (lambda a: a.T, lambda x, hh: x.T),  # flax (in, out) <-> torch (out, in)
+    "conv": (lambda a: a.transpose(3, 2, 0, 1), lambda x, hh: x.transpose(2, 3, 1, 0)),  # HWIO <-> OIHW
+    "gn": (lambda a: a.reshape(-1), lambda x, hh: x),  # flax < 0.3.6 wrote GroupNorm parameters as (1, 1, 1, C)
+    "cls": (lambda a: a.reshape(1, 1, -1), lambda x, hh: x),  # (1, 1, D)
+    "tokens": (lambda a: a.reshape(1, -1, a.shape[-1]), lambda x, hh: x),  # (1, T, D)
+    # attention keeps heads apart: q/k/v kernels (D, H, hd) <-> (H*hd, D), their biases (H, hd) <-> (H*hd,),
+    # the output kernel (H, hd, D) <-> (D, H*hd)
+    "heads_in": (lambda a: a.reshape(a.shape[0], -1).T, lambda x, hh: x.T.reshape(-1, *hh)),
+    "heads": (lambda a: a.reshape(-1), lambda x, hh: x.reshape(hh)),
+    "heads_out": (lambda a: a.reshape(-1, a.shape[-1]).T, lambda x, hh: x.T.reshape(*hh, -1)),
+}
 _NUMBERED = re.compile(r"(.*)_(\d+)")  # flax's MODULE_NUM_RE: "<Module>_<n>"
-_LN_PARAM = {"scale": "weight", "bias": "bias"}
-_RESNET_RE = re.compile(r"block(\d+)/unit(\d+)/(conv[123]|gn[123]|conv_proj|gn_proj)/(kernel|scale|bias)")
-_RESNET_PART = {"conv1": "conv1", "conv2": "conv2", "conv3": "conv3", "gn1": "norm1", "gn2": "norm2", "gn3": "norm3",
-                "conv_proj": "downsample.conv", "gn_proj": "downsample.norm"}
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """"a/{i}/b" -> a regex matching "a/<n>/b" with the number in group "i"."""
+    parts = re.split(r"\{(\w)\}", template)  # literal, field, literal, ...
+    return re.compile("".join(re.escape(p) if k % 2 == 0 else f"(?P<{p}>\\d+)" for k, p in enumerate(parts)))
+
+
+def _lookup(table: list[tuple[re.Pattern[str], _Row]], key: str) -> Iterator[tuple[_Row, dict[str, int]]]:
+    for pattern, row in table:
+        if m := pattern.fullmatch(key):
+            yield row, {k: int(v) for k, v in m.groupdict().items()}
 
 
 def matches(keys: set[str]) -> bool:
@@ -97,6 +163,10 @@ def _linen_names(keys: Iterable[str]) -> dict[str, str]:
         out[key] = "/".join(renamed.get(tuple(parts[: i + 1]), p) for i, p in enumerate(parts))
     return out
 
+_WRITE = [(_pattern(row.ours), row) for row in _TABLE]
+_READ = [(_pattern(linen), row) for row, linen in zip(_TABLE, _linen_names(row.theirs for row in _TABLE).values(),
+                                                      strict=True)]  # the table renumbered the Linen way
+
 
 def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Convert a vit_jax archive to our tensors; also returns the config fields it fixes (num_heads, ...)."""
@@ -107,82 +177,33 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
             raise WeightsError(f"{source}: a big_vision checkpoint (params/...); only vit_jax .npz files are read")
         raise WeightsError(f"{source}: no 'embedding/kernel': not a vit_jax ViT checkpoint")
     linen = _linen_names(arrays)
-    original = {v: k for k, v in linen.items()}  # messages name the file's own key
-    arrays = {linen[k]: v for k, v in arrays.items()}
-
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a))
-
     out: dict[str, torch.Tensor] = {}
     hints: dict[str, Any] = {}
-    qkv: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-    stem = "patch_embed.backbone.stem." if any(_RESNET_RE.fullmatch(k) for k in arrays) else "patch_embed.backbone."
+    pieces: dict[str, dict[int, np.ndarray]] = defaultdict(dict)
+    for key, a in arrays.items():
+        row, fields = next(_lookup(_READ, linen[key]), (None, {}))
+        if row is None:
+            raise WeightsError(f"{source}: unknown vit_jax parameter {key!r}")  # the file's own name
+        if row.layout == "conv" and a.ndim != 4:
+            raise WeightsError(f"{source}: {key} has shape {a.shape}; expected an HWIO kernel (kh, kw, in, out)")
+        if row.layout == "heads_in":
+            hints["num_heads"] = int(a.shape[1])  # (D, heads, hd): the only format that stores heads
+        ours = row.ours.format(**{k: v - _OFFSET[k] for k, v in fields.items()})
+        x = np.ascontiguousarray(_LAYOUTS[row.layout][0](a))
+        if row.piece is None:
+            out[ours] = torch.from_numpy(x)
+        else:
+            pieces[ours][row.piece] = x
+    for ours, got in pieces.items():
+        if sorted(got) != [0, 1, 2]:
+            raise WeightsError(f"{source}: {ours} needs query, key and value; the file has only "
+                               f"{[_QKV[j] for j in sorted(got)]}")
+        out[ours] = torch.from_numpy(np.concatenate([got[j] for j in (0, 1, 2)]))
     if "conv_root/kernel" in arrays:
         hints["hybrid_eps"] = "vit_jax"  # Google's ResNet: WS (w - mean) / (std + 1e-5), GroupNorm eps 1e-6
-
-    def resnet_param(a: np.ndarray, kind: str) -> torch.Tensor:
-        """A ResNet kernel (HWIO -> OIHW) or GroupNorm scale / bias (any shape with C values -> (C,))."""
-        if kind == "kernel":
-            if a.ndim != 4:
-                raise WeightsError(f"{source}: a ResNet kernel of shape {a.shape}; expected (kh, kw, in, out)")
-            return t(a.transpose(3, 2, 0, 1))
-        return t(a.reshape(-1))
-
-    for key, a in arrays.items():
-        if key in ("conv_root/kernel", "gn_root/scale", "gn_root/bias"):
-            name = "conv.weight" if key == "conv_root/kernel" else f"norm.{_LN_PARAM[key.rsplit('/', 1)[1]]}"
-            out[stem + name] = resnet_param(a, key.rsplit("/", 1)[1])
-        elif m := _RESNET_RE.fullmatch(key):
-            stage, unit, part, kind = m.groups()
-            name = "weight" if kind in ("kernel", "scale") else "bias"
-            out[f"patch_embed.backbone.stages.{int(stage) - 1}.blocks.{int(unit) - 1}.{_RESNET_PART[part]}.{name}"] = \
-                resnet_param(a, kind)
-        elif key == "embedding/kernel":
-            if a.ndim != 4:
-                raise WeightsError(f"{source}: embedding/kernel has shape {a.shape}; expected (P, P, C, D)")
-            out["patch_embed.proj.weight"] = t(a.transpose(3, 2, 0, 1))  # (P, P, C, D) -> (D, C, P, P)
-        elif key == "embedding/bias":
-            out["patch_embed.proj.bias"] = t(a)
-        elif key == "cls":
-            out["cls_token"] = t(a.reshape(1, 1, -1))
-        elif key == "Transformer/posembed_input/pos_embedding":
-            out["pos_embed"] = t(a.reshape(1, -1, a.shape[-1]))  # (1, T, D)
-        elif key.startswith("Transformer/encoder_norm/"):
-            out[f"norm.{_LN_PARAM[key.rsplit('/', 1)[1]]}"] = t(a)
-        elif key in ("head/kernel", "pre_logits/kernel"):
-            out[f"{'head' if key.startswith('head') else 'pre_logits.fc'}.weight"] = t(a.T)  # (in, out) -> (out, in)
-        elif key in ("head/bias", "pre_logits/bias"):
-            out[f"{'head' if key.startswith('head') else 'pre_logits.fc'}.bias"] = t(a)
-        elif m := _BLOCK_RE.fullmatch(key):
-            i, rest = m.groups()
-            module, leaf = rest.rsplit("/", 1)
-            if module in _LN and leaf in _LN_PARAM:
-                out[f"blocks.{i}.{_LN[module]}.{_LN_PARAM[leaf]}"] = t(a)
-            elif module in _DENSE and leaf in ("kernel", "bias"):
-                out[f"blocks.{i}.{_DENSE[module]}.{'weight' if leaf == 'kernel' else 'bias'}"] = \
-                    t(a.T if leaf == "kernel" else a)
-            elif module == f"{_ATTN}/out":
-                if leaf == "kernel":  # (heads, hd, D) -> (D, heads * hd)
-                    out[f"blocks.{i}.attn.proj.weight"] = t(a.reshape(-1, a.shape[-1]).T)
-                else:
-                    out[f"blocks.{i}.attn.proj.bias"] = t(a)
-            elif module.startswith(f"{_ATTN}/") and module.split("/")[1] in ("query", "key", "value"):
-                qkv.setdefault((i, leaf), {})[module.split("/")[1]] = a
-                if leaf == "kernel":
-                    hints["num_heads"] = int(a.shape[1])  # (D, heads, hd): the only format that stores heads
-            else:
-                raise WeightsError(f"{source}: unknown vit_jax parameter {original[key]!r}")
-        else:
-            raise WeightsError(f"{source}: unknown vit_jax parameter {original[key]!r}")
-    for (i, leaf), parts in qkv.items():
-        if set(parts) != {"query", "key", "value"}:
-            raise WeightsError(f"{source}: encoderblock_{i} lacks one of query/key/value {leaf}")
-        if leaf == "kernel":  # each (D, heads, hd) -> (heads * hd, D), stacked q, k, v -> (3D, D)
-            w = np.concatenate([parts[n].reshape(parts[n].shape[0], -1).T for n in ("query", "key", "value")])
-            out[f"blocks.{i}.attn.qkv.weight"] = t(w)
-        else:
-            b = np.concatenate([parts[n].reshape(-1) for n in ("query", "key", "value")])  # (3D,)
-            out[f"blocks.{i}.attn.qkv.bias"] = t(b)
+    if not any(k.startswith("patch_embed.backbone.stages.") for k in out):
+        out = {("patch_embed.backbone." + k.removeprefix(_STEM) if k.startswith(_STEM) else k): v
+               for k, v in out.items()}
     if "cls_token" not in out:
         hints.update(class_token=False, pool="gap")  # vit_jax's classifier="gap" has no class token
     return out, hints
@@ -191,80 +212,46 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
 def from_ours(state: dict[str, torch.Tensor], cfg: ViTConfig) -> tuple[dict[str, np.ndarray], list[str]]:
     """Our tensors as a vit_jax archive (no prefix), plus notes on anything that had to be made explicit."""
     notes: list[str] = []
-    H, hd, D = cfg.num_heads, cfg.head_dim, cfg.embed_dim
-
-    def n(x: torch.Tensor) -> np.ndarray:
-        return x.detach().to("cpu", torch.float32).numpy()
-
-    out: dict[str, np.ndarray] = {}
-    names = {"conv": "conv_root", "norm": "gn_root"}
-    for key, v in state.items():  # a hybrid's ResNet
-        if not key.startswith("patch_embed.backbone."):
-            continue
-        rest = key.removeprefix("patch_embed.backbone.").removeprefix("stem.")
-        if m := re.fullmatch(r"stages\.(\d+)\.blocks\.(\d+)\.(.+)\.(weight|bias)", rest):
-            stage, unit, part, kind = m.groups()
-            theirs = next(k for k, o in _RESNET_PART.items() if o == part)
-            name = f"block{int(stage) + 1}/unit{int(unit) + 1}/{theirs}"
-        else:
-            part, kind = rest.rsplit(".", 1)
-            name = names[part]
-        if name.rsplit("/", 1)[-1].startswith("conv"):
-            out[f"{name}/kernel"] = n(v).transpose(2, 3, 1, 0)  # OIHW -> HWIO
-        else:
-            out[f"{name}/{'scale' if kind == 'weight' else 'bias'}"] = n(v)
-    out |= {
-        "embedding/kernel": n(state["patch_embed.proj.weight"]).transpose(2, 3, 1, 0),  # (D, C, P, P) -> HWIO
-        "embedding/bias": n(state["patch_embed.proj.bias"]),
-        "Transformer/encoder_norm/scale": n(state["norm.weight"]),
-        "Transformer/encoder_norm/bias": n(state["norm.bias"]),
-    }
-    if "cls_token" in state:
-        out["cls"] = n(state["cls_token"])  # (1, 1, D)
-    if "pos_embed" in state:
-        pos = n(state["pos_embed"])
-    else:  # vit_jax always adds a table: write ours explicitly so the network computes the same function
-        pos = np.zeros((1, cfg.seq_len, D), np.float32)
+    D = cfg.embed_dim
+    state = dict(state)
+    if "pos_embed" not in state:  # vit_jax always adds a table: write ours explicitly so the network is the same
+        pos = torch.zeros(1, cfg.seq_len, D)
         if cfg.pos_embed == "sincos2d":
-            pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, D).numpy()
+            pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, D)
             notes.append("wrote the fixed sin-cos table as Transformer/posembed_input/pos_embedding")
         else:
             notes.append("the model has no position embeddings: wrote a zero table")
-    out["Transformer/posembed_input/pos_embedding"] = pos
-    for i in range(cfg.depth):
-        b, g = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-        for ln, ours in _LN_RELEASED.items():
-            out[f"{g}{ln}/scale"] = n(state[f"{b}{ours}.weight"])
-            out[f"{g}{ln}/bias"] = n(state[f"{b}{ours}.bias"])
-        w = n(state[f"{b}attn.qkv.weight"])  # (3D, D)
-        bias = n(state[f"{b}attn.qkv.bias"]) if f"{b}attn.qkv.bias" in state else np.zeros(3 * D, np.float32)
-        for j, name in enumerate(("query", "key", "value")):
-            out[f"{g}{_ATTN_RELEASED}/{name}/kernel"] = w[j * D : (j + 1) * D].T.reshape(D, H, hd)
-            out[f"{g}{_ATTN_RELEASED}/{name}/bias"] = bias[j * D : (j + 1) * D].reshape(H, hd)
-        out[f"{g}{_ATTN_RELEASED}/out/kernel"] = n(state[f"{b}attn.proj.weight"]).T.reshape(H, hd, D)
-        out[f"{g}{_ATTN_RELEASED}/out/bias"] = n(state[f"{b}attn.proj.bias"])
-        for dense, ours in _DENSE_RELEASED.items():
-            out[f"{g}{dense}/kernel"] = n(state[f"{b}{ours}.weight"]).T
-            out[f"{g}{dense}/bias"] = n(state[f"{b}{ours}.bias"])
+        state["pos_embed"] = pos
     if not cfg.qkv_bias:
+        state |= {f"blocks.{i}.attn.qkv.bias": torch.zeros(3 * D) for i in range(cfg.depth)}
         notes.append("the model has no q/k/v biases: wrote zeros")
+    out: dict[str, np.ndarray] = {}
+    unknown = []
+    for key, v in state.items():
+        if key.startswith("patch_embed.backbone.") and not key.startswith((_STEM, "patch_embed.backbone.stages.")):
+            key = _STEM + key.removeprefix("patch_embed.backbone.")  # a stem-only hybrid
+        x = v.detach().to("cpu", torch.float32).numpy()
+        found = False
+        for row, fields in _lookup(_WRITE, key):
+            found = True
+            part = x if row.piece is None else np.split(x, 3)[row.piece]
+            theirs = row.theirs.format(**{k: v + _OFFSET[k] for k, v in fields.items()})
+            out[theirs] = np.ascontiguousarray(_LAYOUTS[row.layout][1](part, (cfg.num_heads, cfg.head_dim)))
+        if not found:
+            unknown.append(key)
+    if unknown:
+        raise WeightsError(f"no vit_jax name for {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
     if cfg.hybrid_layers is not None and cfg.hybrid_eps != "vit_jax":
         notes.append(f"the model's ResNet uses {cfg.hybrid_eps}'s epsilons; readers of a .npz (vit_jax, vitlab) use "
                      "vit_jax's, which differ for filters of small variance (vitlab.hybrid.EPS)")
-    if "pre_logits.fc.weight" in state:
-        out["pre_logits/kernel"] = n(state["pre_logits.fc.weight"]).T
-        out["pre_logits/bias"] = n(state["pre_logits.fc.bias"])
-    if "head.weight" in state:
-        out["head/kernel"] = n(state["head.weight"]).T
-        out["head/bias"] = n(state["head.bias"])
     if cfg.pool == "gap" and cfg.class_token:
         notes.append("pool='gap' with a class token has no vit_jax classifier setting; the reader must choose it")
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}, notes
+    return out, notes
 
 
 def save_npz(arrays: dict[str, np.ndarray], path: str | Path, overwrite: bool = False) -> Path:
     """Write the archive atomically (uncompressed, as Google's files are)."""
     path = Path(path)
-    with atomic_output(path, overwrite) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+    with atomic_write(path, overwrite=overwrite) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle's bool
     return path

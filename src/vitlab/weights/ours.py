@@ -20,8 +20,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
 from ..config import ViTConfig
+from ..io import atomic_write
 from ..preprocess import Preprocess
-from .atomic import atomic_output
 from .report import WeightsError
 
 CONFIG_KEY = "vitlab.config"
@@ -54,7 +54,7 @@ def save_safetensors(
         header[PREPROCESS_KEY] = json.dumps(preprocess.to_dict())
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     path = Path(path)
-    with atomic_output(path, overwrite) as tmp:
+    with atomic_write(path, overwrite=overwrite) as tmp:
         save_file(tensors, str(tmp), metadata=header)
     return path
 

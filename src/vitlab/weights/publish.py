@@ -38,11 +38,11 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import ViTConfig
+from ..io import atomic_write
 from ..posembed import sincos_2d
 from ..preprocess import Preprocess
 from . import hf, ours, torchvision
 from .api import load_model, save_weights
-from .atomic import atomic_output
 from .report import WeightsError
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def save_pretrained(
     save_weights(model, folder / WEIGHTS_NAME, metadata, overwrite=True)
     _write_json(folder / CONFIG_NAME, hub_config(model))
     if model_card and not (folder / "README.md").exists():
-        with atomic_output(folder / "README.md") as tmp:
+        with atomic_write(folder / "README.md") as tmp:
             tmp.write_text(_model_card(model, metadata))
     return folder
 
@@ -191,7 +191,7 @@ def _download(name: str, **kw: Any) -> Path:
         raise FileNotFoundError(f"no file or directory {name!r}, and it is not a Hub repo id (owner/name)")
     _require_hub(f"from_pretrained({name!r})")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+    from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError  # 0.24 has no .errors for them
 
     kw["revision"] = kw["revision"] or rev or None
 
@@ -355,24 +355,24 @@ def timm_args(cfg: ViTConfig, source: str = "model") -> tuple[str, dict[str, Any
         arch = f"vit_{sizes.get(D, 'base')}_patch{cfg.patch_size}_224"
         return arch, kwargs, notes
     hybrids = {(3, 4, 9): "vit_base_r50_s16_224", (2, 2, 2, 2): "vit_small_r26_s32_224", (): "vit_tiny_r_s16_p8_224"}
-    arch = hybrids.get(cfg.hybrid_layers)
-    if arch is None or cfg.hybrid_width != 64:
+    hybrid_arch = hybrids.get(cfg.hybrid_layers)
+    if hybrid_arch is None or cfg.hybrid_width != 64:
         raise WeightsError(f"{source}: timm builds hybrids with ResNet stages {sorted(hybrids)} of width 64 only; "
                            f"this one has {cfg.hybrid_layers}, width {cfg.hybrid_width}")
     if cfg.hybrid_eps != "timm":
         notes.append(f"the model's ResNet uses {cfg.hybrid_eps}'s epsilons (weight standardisation, GroupNorm), timm's "
                      "ResNetV2 its own: logits differ slightly, most for filters of small variance")
-    return arch, kwargs, notes
+    return hybrid_arch, kwargs, notes
 
 
 def _write_state(tensors: dict[str, torch.Tensor], dst: Path, overwrite: bool, header: dict[str, str]) -> None:
     """A state dict as .safetensors (with `header`) or as a torch.save pickle (.pth / .pt / .bin)."""
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     if dst.suffix == ".safetensors":
-        with atomic_output(dst, overwrite) as tmp:
+        with atomic_write(dst, overwrite=overwrite) as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt", **header})
     elif dst.suffix in (".pth", ".pt", ".bin"):
-        with atomic_output(dst, overwrite) as tmp:
+        with atomic_write(dst, overwrite=overwrite) as tmp:
             torch.save(tensors, tmp)
     else:
         raise ValueError(f"{dst}: name the file .safetensors or .pth")
@@ -395,7 +395,7 @@ def _write_hf_dir(dst: Path, tensors: dict[str, torch.Tensor], config: dict[str,
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    with atomic_output(path, overwrite=True) as tmp:
+    with atomic_write(path, overwrite=True) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
 
 

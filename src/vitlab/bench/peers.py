@@ -1,0 +1,141 @@
+"""The peers `vitlab bench` runs beside our ViT: timm, transformers, torchvision and onnxruntime.
+
+Each builder takes our model and returns the peer's implementation with the same shape and our weights (renamed
+where the peer's names differ), so that the benchmark compares implementations, not models. Optional
+dependencies are imported inside each builder: a missing one raises ImportError, which the benchmark reports as a
+skipped peer; a shape the peer cannot express raises ValueError.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..model import VisionTransformer
+
+PEERS = ("timm", "transformers", "torchvision", "onnxruntime")
+
+
+class _Logits(nn.Module):
+    """transformers returns an output object; this returns its logits tensor like the others."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def build_timm(model: VisionTransformer) -> nn.Module:
+    """timm's VisionTransformer with our shape and weights (same parameter names: loaded as is)."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    c = model.cfg
+    peer = TimmViT(
+        img_size=c.img_hw, patch_size=c.patch_size, in_chans=c.in_chans, num_classes=c.num_classes,
+        global_pool="token" if c.pool == "token" else "avg", embed_dim=c.embed_dim, depth=c.depth,
+        num_heads=c.num_heads, mlp_ratio=c.mlp_dim / c.embed_dim, qkv_bias=c.qkv_bias, class_token=c.class_token,
+        no_embed_class=False, pos_embed="learn" if c.pos_embed == "learned" else "none",
+        norm_layer=functools.partial(nn.LayerNorm, eps=c.layer_norm_eps),
+    )
+    peer.load_state_dict(model.state_dict(), strict=True)
+    return peer
+
+
+def build_torchvision(model: VisionTransformer) -> nn.Module:
+    """torchvision's VisionTransformer (square images, class token, learned position embeddings only)."""
+    from torchvision.models.vision_transformer import VisionTransformer as TvViT
+
+    from ..weights import torchvision as tvw
+
+    c = model.cfg
+    h, w = c.img_hw
+    if h != w or c.pool != "token" or c.pos_embed != "learned" or c.layer_norm_eps != 1e-6 or not c.qkv_bias:
+        raise ValueError("torchvision's ViT needs a square image, pool='token', learned pos-emb, eps 1e-6, qkv bias")
+    peer = TvViT(image_size=h, patch_size=c.patch_size, num_layers=c.depth, num_heads=c.num_heads,
+                 hidden_dim=c.embed_dim, mlp_dim=c.mlp_dim, num_classes=c.num_classes)
+    if c.in_chans != 3:
+        peer.conv_proj = nn.Conv2d(c.in_chans, c.embed_dim, c.patch_size, stride=c.patch_size)
+    names = {k: k for k in peer.state_dict()}
+    ours_to_tv = {ours: tv for ours, tv in tvw.to_ours(names, "torchvision").items()}  # renaming only
+    ours = model.state_dict()
+    peer.load_state_dict({tv: ours[k] for k, tv in ours_to_tv.items()}, strict=True)
+    return peer
+
+
+def build_transformers(model: VisionTransformer) -> nn.Module:
+    """transformers' ViTForImageClassification (SDPA attention) with our weights; q, k, v split from qkv."""
+    from transformers import ViTConfig as HFConfig
+    from transformers import ViTForImageClassification
+
+    c = model.cfg
+    h, w = c.img_hw
+    if h != w or c.pool != "token" or c.pos_embed != "learned":
+        raise ValueError("transformers' ViT needs a square image, pool='token' and learned pos-emb")
+    hf_cfg = HFConfig(
+        hidden_size=c.embed_dim, num_hidden_layers=c.depth, num_attention_heads=c.num_heads,
+        intermediate_size=c.mlp_dim, hidden_act="gelu", image_size=h, patch_size=c.patch_size,
+        num_channels=c.in_chans, layer_norm_eps=c.layer_norm_eps, qkv_bias=c.qkv_bias, num_labels=c.num_classes,
+        attn_implementation="sdpa",
+    )  # type: ignore[call-arg]  # num_labels, attn_implementation: PretrainedConfig's untyped **kwargs
+    peer = ViTForImageClassification(hf_cfg)
+    ours = model.state_dict()
+    keys = set(peer.state_dict())
+    state = {
+        "vit.embeddings.cls_token": ours["cls_token"],
+        "vit.embeddings.position_embeddings": ours["pos_embed"],
+        "vit.embeddings.patch_embeddings.projection.weight": ours["patch_embed.proj.weight"],
+        "vit.embeddings.patch_embeddings.projection.bias": ours["patch_embed.proj.bias"],
+        "vit.layernorm.weight": ours["norm.weight"], "vit.layernorm.bias": ours["norm.bias"],
+        "classifier.weight": ours["head.weight"], "classifier.bias": ours["head.bias"],
+    }
+    old = "vit.encoder.layer.0.attention.attention.query.weight" in keys  # transformers < 5 module names
+    names = ({"norm1": "layernorm_before", "norm2": "layernorm_after", "attn.proj": "attention.output.dense",
+              "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"} if old else
+             {"norm1": "layernorm_before", "norm2": "layernorm_after", "attn.proj": "attention.o_proj",
+              "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"})
+    qkv_names = (("attention.attention.query", "attention.attention.key", "attention.attention.value") if old
+                 else ("attention.q_proj", "attention.k_proj", "attention.v_proj"))
+    for i in range(c.depth):
+        layer = f"vit.encoder.layer.{i}" if old else f"vit.layers.{i}"
+        for kind in ("weight", "bias"):
+            for a, b in names.items():
+                state[f"{layer}.{b}.{kind}"] = ours[f"blocks.{i}.{a}.{kind}"]
+            qkv = ours.get(f"blocks.{i}.attn.qkv.{kind}")
+            if qkv is not None:
+                for name, part in zip(qkv_names, qkv.chunk(3, dim=0)):  # rows: q, then k, then v
+                    state[f"{layer}.{name}.{kind}"] = part
+    peer.load_state_dict(state, strict=True)
+    return _Logits(peer)
+
+
+class OnnxRuntime:
+    """Our model exported to ONNX (fp32), run by onnxruntime's CPU provider with the same thread count."""
+
+    def __init__(self, model: VisionTransformer, threads: int):
+        import onnxruntime as ort
+
+        from ..export import export_onnx
+
+        self._dir = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
+        path = Path(self._dir.name) / "model.onnx"
+        export_onnx(model.float(), path, verify_batches=())
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session.run(["logits"], {"images": x.numpy()})[0])
+
+
+BUILDERS: dict[str, Callable[[VisionTransformer], nn.Module]] = {
+    "timm": build_timm, "transformers": build_transformers, "torchvision": build_torchvision,
+}

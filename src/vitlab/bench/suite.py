@@ -1,0 +1,331 @@
+"""The benchmark itself: our ViT and its peers, same shape and weights, timed interleaved; and the accuracy cost
+of our speed modes.
+
+    from vitlab.bench import BenchConfig, run_bench, write_outputs
+    out = run_bench(BenchConfig(model="ViT-Ti/16", img_size=32, overrides={"depth": 2}))
+    write_outputs(out, Path("/tmp/b"))
+
+Progress is logged at INFO level under `vitlab.bench.suite` (the CLI shows it; a library caller opts in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ViTConfig
+from ..flops import count_flops
+from ..model import VisionTransformer, create_model
+from ..optimize import MODES, optimize
+from .peers import BUILDERS, PEERS, OnnxRuntime
+from .timing import loadavg, machine_info, matmul_peak, peak_memory, time_calls
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+# -- results ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One candidate in one setting: seconds per call over the rounds and what follows from them."""
+
+    task: str  # "infer" | "train"
+    name: str  # "ours", "timm", ..., "ours[int8]"
+    dtype: str  # compute dtype: fp32 | bf16 | fp16 | int8
+    batch: int
+    seconds: list[float]
+    flops_per_call: float
+    peak_flops: float | None
+    peak_memory_bytes: int | None = None
+    ratio_vs: dict[str, float] = field(default_factory=dict)  # peer -> (peer time / our time), median of pairs
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        med = self.median
+        d.update(
+            median_s=med, min_s=min(self.seconds), max_s=max(self.seconds),
+            images_per_s=self.batch / med, images_per_s_min=self.batch / max(self.seconds),
+            images_per_s_max=self.batch / min(self.seconds), latency_ms=1e3 * med,
+            gflops_per_s=self.flops_per_call / med / 1e9,
+            mfu=(self.flops_per_call / med / self.peak_flops) if self.peak_flops else None,
+        )
+        return d
+
+
+def _paired_ratios(results: list[Result]) -> None:
+    """Fill `ratio_vs` of each of our entries with, per peer, the median over rounds of (peer time / our time).
+
+    Plain `ours` is compared with the peers in the same dtype; a speed mode (`ours[int8]`, ...) with the peers'
+    fp32 eager inference, the baseline a user would otherwise run.
+    """
+    for r in results:
+        if not r.name.startswith("ours"):
+            continue
+        for p in results:
+            if p.name.startswith("ours") or p.task != r.task or p.batch != r.batch:
+                continue
+            mode_vs_fp32 = r.task == "infer" and r.name.startswith("ours[") and p.dtype == "fp32"
+            if p.dtype == r.dtype or mode_vs_fp32:
+                n = min(len(r.seconds), len(p.seconds))
+                r.ratio_vs[f"{p.name}/{p.dtype}"] = statistics.median(p.seconds[i] / r.seconds[i] for i in range(n))
+
+
+# -- the benchmark ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class BenchConfig:
+    """What to measure. `overrides` change the variant's config (e.g. depth=2 for a quick run)."""
+
+    model: str = "ViT-B/16"
+    img_size: int = 224
+    batch_sizes: tuple[int, ...] = (1, 8, 32)
+    dtypes: tuple[str, ...] = ("fp32", "bf16")
+    peers: tuple[str, ...] = PEERS
+    modes: tuple[str, ...] = ("int8", "compile")
+    train_batch: int | None = 32
+    train_peers: tuple[str, ...] = ("timm", "transformers", "torchvision")
+    grad_checkpointing: bool = True
+    warmup: int = 2
+    rounds: int = 5
+    iters: int = 1
+    threads: int | None = None
+    device: str = "cpu"
+    peak_size: int = 2048
+    overrides: dict = field(default_factory=dict)
+
+
+def _check_same(name: str, fn: Callable, x: torch.Tensor, ref: torch.Tensor, atol: float) -> None:
+    with torch.inference_mode():
+        out = fn(x).float()
+    diff = (out - ref).abs().max().item()
+    if not diff <= atol:
+        raise RuntimeError(f"{name}: logits differ from ours by {diff:.2e} (> {atol:g}): not the same model")
+
+
+def run_bench(bc: BenchConfig) -> dict:
+    """Run the whole benchmark; return the JSON-able results (machine, peaks, results, ratios)."""
+    _validate(bc)
+    if bc.threads:
+        torch.set_num_threads(bc.threads)
+    cfg = ViTConfig.from_name(bc.model, img_size=bc.img_size, **bc.overrides)
+    if cfg.representation_size:
+        cfg = cfg.replace(representation_size=None)  # the peers' classifiers have no pre-logits layer
+    torch.manual_seed(0)
+    ours = create_model(cfg).eval().to(bc.device)
+    with torch.no_grad():  # the zero-initialised head would make every logit 0: give the check something to see
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    out: dict = {"machine": machine_info(), "config": {**asdict(bc), "vit": cfg.to_dict()}}
+    peaks = _matmul_peaks(bc)
+    out["matmul_peak_gflops"] = {k: v / 1e9 for k, v in peaks.items()}
+    skipped: dict[str, str] = {}
+    results = _bench_inference(ours, bc, cfg, peaks, skipped)
+    if bc.train_batch:  # forward + backward + AdamW step, fp32 or bf16 autocast with fp32 master weights
+        results += _bench_training(ours, bc, bc.train_batch, cfg, peaks, skipped)
+    _paired_ratios(results)
+    out["skipped"] = skipped
+    out["results"] = [r.summary() for r in results]
+    out["machine"]["loadavg_end"] = loadavg()
+    return out
+
+
+def _validate(bc: BenchConfig) -> None:
+    for what, values, known in (("mode", bc.modes, MODES), ("dtype", bc.dtypes, DTYPES),
+                                ("peer", (*bc.peers, *bc.train_peers), PEERS)):
+        for v in values:
+            if v not in known:
+                raise ValueError(f"unknown {what} {v!r}; choose from {', '.join(known)}")
+
+
+def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
+    """FLOP/s peaks per compute dtype the candidates use (fp16 and int8 only when a speed mode needs them)."""
+    log.info("measuring matmul peaks ...")
+    device, n = bc.device, bc.peak_size
+    peaks = {d: matmul_peak(DTYPES[d], device, n) for d in ("fp32", "bf16")}
+    if "fp16" in bc.modes:
+        peaks["fp16"] = matmul_peak(torch.float16, device, n)
+    if "int8" in bc.modes and device == "cpu":
+        peaks["int8"] = matmul_peak(torch.int8, device, n)
+    return peaks
+
+
+def _time_interleaved(calls: dict[str, Callable[[], object]], bc: BenchConfig) -> dict[str, list[float]]:
+    """Warm each call up, then time rounds in turn (a, b, ..., a, b, ...) so load changes hit all alike."""
+    for call in calls.values():
+        for _ in range(bc.warmup):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(bc.rounds):
+        for name, call in calls.items():
+            times[name] += time_calls(call, 0, 1, bc.iters, bc.device)
+    return times
+
+
+def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, skipped: dict[str, str]
+                          ) -> dict[str, tuple[Callable, str]]:
+    """name -> (callable, compute dtype): ours and the peers in `dname`; alongside fp32 also our speed modes."""
+    dtype, device = DTYPES[dname], bc.device
+    cands: dict[str, tuple[Callable, str]] = {"ours": (_copy_of(ours).to(dtype), dname)}
+    for peer in bc.peers:
+        if peer == "onnxruntime" and (dname != "fp32" or device != "cpu"):
+            continue
+        try:
+            if peer == "onnxruntime":
+                cands[peer] = (OnnxRuntime(ours, torch.get_num_threads()), "fp32")
+            else:
+                cands[peer] = (BUILDERS[peer](ours).eval().to(dtype), dname)
+        except (ImportError, ValueError) as e:
+            skipped[f"{peer}/{dname}"] = str(e)
+            log.info("skipping %s (%s): %s", peer, dname, e)
+    if dname == "fp32":
+        for mode in bc.modes:
+            log.info("preparing mode %s ...", mode)
+            fast = optimize(ours, mode)
+            cands[f"ours[{mode}]"] = (fast, "int8" if mode == "int8" else _DTYPE_NAMES[fast.dtype])
+    return cands
+
+
+def _bench_inference(ours: VisionTransformer, bc: BenchConfig, cfg: ViTConfig, peaks: dict, skipped: dict
+                     ) -> list[Result]:
+    """Per dtype, ours and the peers in that dtype (our speed modes alongside fp32), each batch size."""
+    device, flops_fwd = bc.device, count_flops(cfg, bc.img_size)
+    g = torch.Generator().manual_seed(1)
+    xc = torch.randn(2, cfg.in_chans, *cfg.img_hw, generator=g).to(device)  # the same-weights check
+    with torch.inference_mode():
+        ref = ours(xc)
+    results = []
+    for dname in bc.dtypes:
+        dtype = DTYPES[dname]
+        cands = _inference_candidates(ours, bc, dname, skipped)
+        for name, (fn, _) in cands.items():  # same weights, same function: checked, not assumed
+            if not name.startswith("ours["):
+                xin = xc if name == "onnxruntime" else xc.to(dtype)
+                _check_same(name, fn, xin, ref, atol=1e-3 if dname == "fp32" else 0.1 * ref.abs().max().item())
+        for b in bc.batch_sizes:
+            x = torch.randn(b, cfg.in_chans, *cfg.img_hw, generator=g).to(device)
+            calls = {}
+            for name, (fn, _) in cands.items():
+                xin = x if (name.startswith("ours[") or name == "onnxruntime") else x.to(dtype)
+                calls[name] = _inference_call(fn, xin)
+            log.info("inference %s batch %d: warm-up %s", dname, b, ", ".join(calls))
+            times = _time_interleaved(calls, bc)
+            for name, call in calls.items():
+                cdt = cands[name][1]
+                results.append(Result("infer", name, cdt, b, times[name], flops_fwd * b, peaks.get(cdt),
+                                      peak_memory(call, device)))
+                log.info("  %-22s %9.1f img/s", name, b / statistics.median(times[name]))
+        del cands, calls
+    return results
+
+
+def _inference_call(fn: Callable, x: torch.Tensor) -> Callable[[], object]:
+    def call():
+        with torch.inference_mode():
+            return fn(x)
+
+    return call
+
+
+def _bench_training(ours: VisionTransformer, bc: BenchConfig, b: int, cfg: ViTConfig, peaks: dict, skipped: dict
+                    ) -> list[Result]:
+    """One optimiser step of ours (with and without gradient checkpointing) and of the peers, per dtype, at batch
+    size `b`."""
+    device = bc.device
+    flops = count_flops(cfg, bc.img_size, backward=True) * b
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(b, cfg.in_chans, *cfg.img_hw, generator=g).to(device)
+    y = torch.randint(0, max(cfg.num_classes, 1), (b,), generator=g).to(device)
+    results = []
+    for dname in bc.dtypes:
+        models: dict[str, nn.Module] = {"ours": _copy_of(ours)}
+        if bc.grad_checkpointing:
+            m = _copy_of(ours)
+            m.set_grad_checkpointing(True)
+            models["ours[grad-ckpt]"] = m
+        for peer in bc.train_peers:
+            if peer == "onnxruntime":
+                continue
+            try:
+                models[peer] = BUILDERS[peer](ours).to(device)
+            except (ImportError, ValueError) as e:
+                skipped[f"train/{peer}"] = str(e)
+        steps = {name: _train_step(m, x, y, DTYPES[dname], device) for name, m in models.items()}
+        log.info("training %s batch %d: warm-up %s", dname, b, ", ".join(steps))
+        times = _time_interleaved(steps, bc)
+        for name, step in steps.items():
+            results.append(Result("train", name, dname, b, times[name], flops, peaks.get(dname),
+                                  peak_memory(step, device)))
+            log.info("  %-22s %9.1f img/s", name, b / statistics.median(times[name]))
+        del models, steps
+    return results
+
+
+def _copy_of(model: VisionTransformer) -> VisionTransformer:
+    m = VisionTransformer(model.cfg).to(next(model.parameters()).device)
+    m.load_state_dict(model.state_dict())
+    return m
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype, device: str) -> Callable:
+    """One optimiser step; bf16 runs under autocast with fp32 master weights (how a ViT is trained in bf16)."""
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.05)
+    amp = torch.autocast(device.split(":")[0], dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
+
+    def step():
+        with amp:
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+# -- accuracy cost of the speed modes ---------------------------------------------------------------------
+
+
+def mode_accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor | None, modes: tuple[str, ...],
+                  batch_size: int = 256) -> dict[str, dict]:
+    """Top-1 agreement of each mode with fp32 and, with labels, each mode's accuracy.
+
+    Args:
+        model: The fp32 model.
+        images: (N, C, H, W) preprocessed test images.
+        labels: (N,) class indices, or None.
+        modes: Speed modes to compare with fp32.
+    """
+    model = model.eval()
+    fns = {"fp32": model, **{m: optimize(model, m) for m in modes if m != "fp32"}}
+    preds: dict[str, list[torch.Tensor]] = {m: [] for m in fns}
+    with torch.inference_mode():
+        for i in range(0, len(images), batch_size):
+            x = images[i : i + batch_size]
+            for m, fn in fns.items():
+                preds[m].append(fn(x).float().argmax(1))
+    ref = torch.cat(preds["fp32"])
+    report = {}
+    for m in fns:
+        p = torch.cat(preds[m])
+        report[m] = {"agreement_with_fp32": (p == ref).float().mean().item()}
+        if labels is not None:
+            report[m]["accuracy"] = (p == labels).float().mean().item()
+    return report

@@ -1,0 +1,249 @@
+"""What every `vitlab` command shares: the help formatter, the options spelled one way everywhere (--img-size,
+--device, -o/--output, --force, -v/-q, --no-progress), the exit codes, and the one place that turns exceptions
+into a message and an exit code.
+
+Nothing here imports torch or vitlab's heavy modules: `vitlab --help` builds every parser from this module and the
+command modules' `add_arguments`, which import only light ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# -- exit codes: the one scheme of every command ----------------------------------------------------------------
+
+OK = 0  # done
+FAILED = 1  # the command line was fine but the work failed: a missing or unreadable checkpoint, image, dataset or
+#             recipe, a value the library refused, an output that exists without --force, a missing extra
+USAGE = 2  # the command line is wrong: unknown option, bad or missing value (argparse's code; also a value a
+#            command checks itself before starting, e.g. --batch-size 0)
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `vitlab weights list | head` (128 + SIGPIPE)
+
+EXIT_CODES = (
+    (OK, "success"),
+    (FAILED, "error in the input, checkpoint, data or output (one line `vitlab COMMAND: error: ...` on stderr)"),
+    (USAGE, "usage error: unknown option, bad or missing value (argparse's message)"),
+    (INTERRUPTED, "interrupted (Ctrl-C; `vitlab train` saves a checkpoint first: continue with --resume)"),
+    (BROKEN_PIPE, "output pipe closed by the reader (e.g. `| head`)"),
+)
+
+
+def exit_code_table() -> str:
+    """The exit codes as the lines of `vitlab --help`'s epilog."""
+    return "\n".join(f"  {code:<4} {what}" for code, what in EXIT_CODES)
+
+
+class UsageError(Exception):
+    """A value on the command line that the command itself refuses before doing any work: exit code 2."""
+
+
+# -- the formatter: every option shows its default ------------------------------------------------------------
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's and epilog's line breaks (the examples), and appends "(default: X)" to an option's
+    help when it has a meaningful default the help does not already state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or "default" in text.lower():
+            return text
+        default = action.default
+        if default in (None, False, argparse.SUPPRESS, []) or action.option_strings == []:
+            return text
+        if isinstance(default, list | tuple):
+            default = " ".join(map(str, default))
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
+def add_parser(sub: Any, name: str, help_: str, description: str, examples: str) -> argparse.ArgumentParser:
+    """A sub-command parser with the shared formatter, a description and an examples epilog."""
+    return sub.add_parser(name, help=help_, description=description, epilog=f"examples:\n{examples.rstrip()}",
+                          formatter_class=HelpFormatter)
+
+
+# -- options spelled one way in every command -------------------------------------------------------------------
+
+
+def parse_img_size(text: str) -> int | tuple[int, int]:
+    """`--img-size`: "N" (square) or "HxW" (also "H,W"); positive integers."""
+    parts = text.lower().replace("x", ",").split(",")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"image size must be N or HxW, got {text!r}") from None
+    if len(sizes) not in (1, 2) or any(s <= 0 for s in sizes):
+        raise argparse.ArgumentTypeError(f"image size must be N or HxW with positive sides, got {text!r}")
+    return sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
+
+
+def add_img_size(p: argparse.ArgumentParser, what: str, **kwargs: Any) -> None:
+    p.add_argument("--img-size", type=parse_img_size, metavar="N|HxW", help=what, **kwargs)
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, metavar="DEVICE",
+                   help="cpu, cuda, cuda:1, ... (default: cuda when available, else cpu)")
+
+
+def add_output(p: argparse.ArgumentParser, what: str, *aliases: str, **kwargs: Any) -> None:
+    """-o/--output; `aliases` are older spellings kept working but hidden from --help."""
+    p.add_argument("-o", "--output", help=what, **kwargs)
+    for alias in aliases:
+        p.add_argument(alias, dest="output", help=argparse.SUPPRESS)
+
+
+def add_force(p: argparse.ArgumentParser, what: str = "replace output files that already exist") -> None:
+    p.add_argument("--force", action="store_true", help=what)
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (bars are drawn on stderr only when it is a terminal)")
+
+
+def add_verbosity(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """-v/-q: the level of the `vitlab` loggers (INFO by default; -v DEBUG and tracebacks, -q WARNING, -qq ERROR).
+    On sub-commands the default is SUPPRESS, so `vitlab -v eval ...` and `vitlab eval -v ...` both work."""
+    extra: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument("-v", "--verbose", action="count", help="more log output: debug messages, tracebacks on errors",
+                   **({"default": 0} if top else extra))
+    p.add_argument("-q", "--quiet", action="count", help="less log output: -q warnings only, -qq errors only",
+                   **({"default": 0} if top else extra))
+
+
+def add_preprocess(p: argparse.ArgumentParser, *, normalize: bool = True) -> None:
+    """--normalize / --resize / --crop-fraction / --interpolation (vitlab.preprocess imports nothing heavy)."""
+    from ..preprocess import add_cli_arguments
+
+    add_cli_arguments(p, normalize=normalize)
+
+
+def add_model_inputs(p: argparse.ArgumentParser, img_size_help: str) -> None:
+    """What a command that runs a checkpoint on images takes besides its own options: --img-size, the
+    preprocessing overrides, --device and --no-progress."""
+    add_img_size(p, img_size_help)
+    add_preprocess(p)
+    add_device(p)
+    add_progress(p)
+
+
+def positive(name: str, value: int | float | None, *, minimum: float = 1) -> None:
+    """UsageError unless `value` is None or >= minimum."""
+    if value is not None and value < minimum:
+        raise UsageError(f"{name} must be at least {minimum:g}, got {value}")
+
+
+def want_progress(args: argparse.Namespace) -> bool:
+    """A bar unless --no-progress or -q; and only on a terminal."""
+    from .._progress import wants_progress
+
+    return wants_progress(not getattr(args, "no_progress", False) and not getattr(args, "quiet", 0))
+
+
+# -- logging ----------------------------------------------------------------------------------------------------
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at the time (pytest's capture, a redirected stream)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def logging_to_stderr(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
+    """Within the block, the `vitlab` logger hierarchy writes plain messages to stderr at the level -v/-q chose
+    (INFO by default); afterwards the logger is as it was (main() may be called many times in one process)."""
+    score = (verbose or 0) - (quiet or 0)
+    level = logging.DEBUG if score > 0 else {0: logging.INFO, -1: logging.WARNING}.get(score, logging.ERROR)
+    logger = logging.getLogger("vitlab")
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s" if score > 0 else "%(message)s"))
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+# -- errors -> messages and exit codes ---------------------------------------------------------------------------
+
+
+def _import_message(e: ImportError) -> str:
+    """The packaging helper's MissingExtraError already names the extra; for a plain ModuleNotFoundError of an
+    optional module, name the extras that provide it."""
+    from .._extras import EXTRAS, MissingExtraError
+
+    if isinstance(e, MissingExtraError):
+        return str(e)
+    top = (e.name or "").partition(".")[0]
+    extras = [extra for extra, modules in EXTRAS.items() if top in modules]
+    if extras:
+        return f"{e}; it comes with pip install 'vitlab[{extras[0]}]'"
+    return str(e)
+
+
+def error_message(e: BaseException) -> tuple[int, str] | None:
+    """(exit code, message) for the exceptions a command reports as one "error: ..." line; None for anything else
+    (a bug: its traceback is shown).
+
+    The one table:
+        UsageError                                   -> 2, its message
+        ImportError (a missing optional dependency)  -> 1, the extra to install
+        OSError with a file name (FileNotFoundError, PermissionError, IsADirectoryError, ...) -> 1, "FILE: reason"
+        ValueError (WeightsError, bad config values), TypeError, OSError, RuntimeError (a non-finite loss, an
+        onnxruntime mismatch, a bad device string)   -> 1, the message
+    """
+    if isinstance(e, UsageError):
+        return USAGE, str(e)
+    if isinstance(e, ImportError):
+        return FAILED, _import_message(e)
+    if isinstance(e, OSError) and e.strerror and e.filename:  # raised by open() & co: "[Errno 2] ..." is noise
+        return FAILED, f"{e.filename}: {e.strerror}"
+    if isinstance(e, ValueError | TypeError | OSError | RuntimeError):
+        return FAILED, str(e) or type(e).__name__
+    return None
+
+
+def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0) -> int:
+    """Run a command's work, turning the exceptions of `error_message` into one line on stderr and its code."""
+    try:
+        return int(fn() or OK)
+    except KeyboardInterrupt:
+        print(f"vitlab {command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:  # output piped into `head` and the reader left: stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return BROKEN_PIPE
+    except Exception as e:
+        mapped = error_message(e)
+        if mapped is None:
+            raise
+        code, message = mapped
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        first, *rest = message.strip().splitlines() or [""]
+        print(f"vitlab {command}: error: {first}", file=sys.stderr)
+        for line in rest:  # a multi-line message (a list of problems) stays readable
+            print(f"  {line}", file=sys.stderr)
+        return code

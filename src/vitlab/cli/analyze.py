@@ -1,0 +1,79 @@
+"""`vitlab analyze CHECKPOINT --images PATH... | --data SPEC -o DIR`: the paper's figures for a checkpoint; thin over
+`vitlab.analysis.inputs` and `vitlab.analysis.report`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ._common import UsageError, add_force, add_model_inputs, add_output, positive, want_progress
+
+HELP = "the paper's figures for a checkpoint: filters, pos-emb similarity, attention"
+DESCRIPTION = """\
+Draw the paper's figures for a checkpoint (Sec. 4.5): the principal components of the patch-embedding filters
+(Fig. 7 left), the similarity of the position embeddings (Fig. 7 centre), the mean attention distance per head and
+layer (Fig. 7 right), and attention rollout maps (Fig. 6), on image files or the first images of a dataset. Each
+figure is written as PNG with its numbers as JSON, plus report.html; the findings (does the model show what the
+paper saw?) are printed."""
+EXAMPLES = """\
+  vitlab analyze vit_b_16.IMAGENET1K_V1 --images cat.jpg photos/ -o report/
+  vitlab analyze runs/fmnist/model.safetensors --data fashion_mnist --num-images 64 -o report/ --force
+  vitlab analyze ViT-B_16.npz --images cat.jpg -o report-384/ --img-size 384 --layer-maps 1 -1"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="any checkpoint vitlab can load (ours, npz, timm, HF, torchvision, a name)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--images", nargs="+", metavar="PATH", help="image files, or folders of them")
+    src.add_argument("--data", metavar="SPEC", help="a dataset, e.g. fashion_mnist or imagefolder:/path")
+    add_output(p, "folder for the PNG, JSON and HTML files", required=True, metavar="DIR")
+    add_force(p, "replace report files already in DIR")
+    p.add_argument("--split", default="test", help="split of --data to take images from")
+    p.add_argument("--num-images", type=int, default=32, help="images taken from --data")
+    p.add_argument("--batch-size", type=int, default=16, help="images per forward pass; bounds memory")
+    p.add_argument("--layer-maps", type=int, nargs="*", default=[], metavar="LAYER",
+                   help="also draw every head's map of these layers (1-based; -1 is the last)")
+    p.add_argument("--components", type=int, default=28, help="principal components of E to show")
+    add_model_inputs(p, "input size (default: the model's); learned position embeddings are resampled")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .._progress import progress_bar
+    from ..analysis.inputs import analysis_preprocess, check_image_size, load_checkpoint, load_inputs
+    from ..analysis.report import analyze, write_report
+
+    positive("--batch-size", args.batch_size)
+    positive("--components", args.components)
+    positive("--num-images", args.num_images)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    with progress_bar(total=4, desc="analyze", unit="step", enabled=want_progress(args)) as bar:
+        bar.set_postfix_str("loading the checkpoint")
+        model = load_checkpoint(args.checkpoint, device)
+        depth = len(model.blocks)
+        layers = []
+        for layer in args.layer_maps:
+            if layer == 0 or not -depth <= layer <= depth:
+                raise UsageError(f"--layer-maps {layer} is not a layer of this {depth}-layer model (1..{depth}, "
+                                 f"or -1 for the last)")
+            layers.append(layer - 1 if layer > 0 else layer)
+        bar.update()
+        bar.set_postfix_str("reading images")
+        size = check_image_size(model, args.img_size)
+        pre = analysis_preprocess(model, args.checkpoint, size, normalize=args.normalize, resize=args.pp_resize,
+                                  crop_fraction=args.crop_fraction, interpolation=args.interpolation)
+        images = load_inputs(model, pre, images=args.images, data=args.data, split=args.split,
+                             num_images=args.num_images)
+        bar.update()
+        bar.set_postfix_str(f"attention over {len(images)} images")
+        result = analyze(model, images, batch_size=args.batch_size, layer_maps=layers,
+                         num_components=args.components, source=str(args.checkpoint))
+        bar.update()
+        bar.set_postfix_str("writing the report")
+        files = write_report(result, args.output, overwrite=args.force)
+        bar.update()
+    for name, f in result.findings.items():
+        print(f"{name}: {'yes' if f['yes'] else 'no'}")
+    print(f"wrote {len(files)} files to {args.output} (open {Path(args.output) / 'report.html'})")
+    return 0

@@ -1,0 +1,45 @@
+"""`vitlab predict CHECKPOINT IMAGE... [--top-k 5] [--json]`: classify image files; thin over `vitlab.predict`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ._common import add_preprocess
+from .eval import MODES
+
+HELP = "classify image files with a checkpoint"
+DESCRIPTION = """\
+Classify image files with a checkpoint and print the most likely classes by name. Images are prepared as the
+checkpoint says (its stored preprocessing, else its format's convention, else a default with a warning); the flags
+override it. Names come from the checkpoint (vitlab train's classes, a transformers or timm config's labels), else
+ImageNet-1k's for a 1000-class head. Library: vitlab.predict."""
+EXAMPLES = """\
+  vitlab predict vit_b_16.IMAGENET1K_V1 cat.jpg dog.jpg
+  vitlab predict runs/fmnist/model.safetensors shoe.png --top-k 3 --json
+  vitlab predict hf-hub:google/vit-base-patch16-224 photos/*.jpg --mode int8"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="a checkpoint (any format load_model reads, or a registry name)")
+    p.add_argument("images", nargs="+", help="image files")
+    p.add_argument("--top-k", type=int, default=5, help="classes shown per image")
+    add_preprocess(p)
+    p.add_argument("--mode", choices=MODES, default="fp32",
+                   help="inference speed mode from vitlab.optimize (accuracy cost per mode: docs/speed.md)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..predict import predict
+    from ._common import positive
+
+    positive("--top-k", args.top_k)
+    out = predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode, resize=args.pp_resize,
+                  crop_fraction=args.crop_fraction, interpolation=args.interpolation)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for r in out:
+            print(r["image"] + ": " + ", ".join(f"{t['label']} {100 * t['prob']:.1f}%" for t in r["top"]))
+    return 0

@@ -1,0 +1,251 @@
+"""Evaluation of a classifier: top-1, top-5, mean loss, per-class accuracy and the confusion matrix, optionally
+with test-time augmentation; `evaluate_checkpoint` does the same for a saved model on a named dataset.
+
+    result = evaluate(model, batches, num_classes=10)                  # an EvalResult
+    result = evaluate_checkpoint("run/model.safetensors", "fashion_mnist", tta="hflip")
+    print(result.top1, result.to_dict()["per_class"])
+
+Used by training (`vitlab.train`) and by the `vitlab eval` command; imports nothing from training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .precision import autocast
+
+TTA_MODES = ("none", "hflip")
+
+
+class Result:
+    """Base of vitlab's result dataclasses: `to_dict()` for JSON, and read access by name (`r["top1"]`,
+    `r.get("tta")`, `"top1" in r`) for code written when results were plain dicts."""
+
+    def _names(self) -> set[str]:
+        return {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._names():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self._names() else default
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (nested results become dicts); fields that are None and optional are kept."""
+        return {k: v.to_dict() if isinstance(v, Result) else v for k, v in
+                ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))}  # type: ignore[arg-type]
+
+
+@dataclass
+class EvalResult(Result):
+    """What `evaluate` measures.
+
+    Attributes:
+        top1: Fraction of samples whose highest logit is the label.
+        top5: Fraction whose label is among the five highest logits (all of them with fewer than five classes).
+        loss: Mean cross-entropy (of the averaged probabilities under test-time augmentation).
+        num_samples: Samples evaluated.
+        per_class: Accuracy of each class present in the data, by class name.
+        confusion: (classes x classes) counts; rows: true class, columns: predicted.
+        classes: Class names, in label order.
+    """
+
+    top1: float
+    top5: float
+    loss: float
+    num_samples: int
+    per_class: dict[str, float] = field(default_factory=dict)
+    confusion: list[list[int]] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckpointEval(EvalResult):
+    """`evaluate_checkpoint`'s result: the metrics plus what was evaluated and how.
+
+    Attributes:
+        checkpoint: The checkpoint evaluated.
+        data: The dataset spec.
+        split: The split.
+        mode: The `vitlab.optimize` speed mode ("fp32": plain eager).
+        tta: Test-time augmentation ("none" or "hflip").
+        precision: The autocast precision used ("auto" resolved).
+        eval_resize: How images were brought to the model's size.
+        preprocess: The preprocessing applied (`vitlab.preprocess.Preprocess.to_dict()`).
+        crop_fraction: The centre-crop fraction when eval_resize is "center_crop", else None.
+    """
+
+    checkpoint: str = ""
+    data: str = ""
+    split: str = "test"
+    mode: str = "fp32"
+    tta: str = "none"
+    precision: str = "fp32"
+    eval_resize: str = ""
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    crop_fraction: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if d["crop_fraction"] is None:
+            del d["crop_fraction"]
+        return d
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    data: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    num_classes: int,
+    *,
+    device: torch.device | str = "cpu",
+    precision: str = "auto",
+    class_names: list[str] | None = None,
+    max_samples: int | None = None,
+    tta: str = "none",
+) -> EvalResult:
+    """Top-1, top-5, mean loss, per-class accuracy and the confusion matrix over all of `data` (batches of images
+    (B, C, H, W) and labels (B,)) or its first `max_samples` samples. The model's train/eval mode is restored.
+
+    Args:
+        precision: "auto" (bf16 autocast where it is the fast path, see `vitlab.precision`), "bf16" or "fp32".
+        tta: "none", or "hflip": test-time augmentation that averages the class probabilities of each image and
+            its mirror image (twice the compute; meaningful for models trained with horizontal flips). The loss is
+            then the cross-entropy of the averaged probabilities.
+    """
+    if tta not in TTA_MODES:
+        raise ValueError(f"unknown test-time augmentation {tta!r}; choose one of {', '.join(TTA_MODES)}")
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    top5 = 0
+    loss_sum = 0.0
+    n = 0
+    k = min(5, num_classes)
+    try:
+        for x, y in data:
+            if max_samples is not None:
+                if n >= max_samples:
+                    break
+                x, y = x[: max_samples - n], y[: max_samples - n]
+            x, y = x.to(device), y.to(device)
+            with autocast(device, precision):
+                logits = model(x).float()  # (B, classes)
+                if tta == "hflip":  # log of the mean of the two views' probabilities
+                    flipped = model(x.flip(-1)).float()
+                    logits = torch.logsumexp(torch.stack([logits.log_softmax(1), flipped.log_softmax(1)]), 0)
+                    logits = logits - math.log(2)
+            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+            pred = logits.argmax(1)
+            top5 += (logits.topk(k, dim=1).indices == y[:, None]).any(1).sum().item()
+            confusion += torch.bincount(y.cpu() * num_classes + pred.cpu(), minlength=num_classes**2).reshape(
+                num_classes, num_classes)
+            n += y.numel()
+    finally:
+        model.train(was_training)
+    if n == 0:
+        raise ValueError("evaluation data is empty")
+    per_class_n = confusion.sum(1)
+    per_class = (confusion.diag().double() / per_class_n.clamp(min=1)).tolist()
+    names = list(class_names or [str(i) for i in range(num_classes)])
+    return EvalResult(
+        top1=confusion.diag().sum().item() / n,
+        top5=top5 / n,
+        loss=loss_sum / n,
+        num_samples=n,
+        per_class={names[i]: per_class[i] for i in range(num_classes) if per_class_n[i] > 0},
+        confusion=confusion.tolist(),
+        classes=names,
+    )
+
+
+def evaluate_checkpoint(
+    checkpoint: str,
+    data: str,
+    *,
+    split: str = "test",
+    batch_size: int = 256,
+    precision: str = "auto",
+    device: str | None = None,
+    mode: str = "fp32",
+    tta: str = "none",
+    eval_resize: str | None = None,
+    crop_fraction: float | None = None,
+    normalize: str | None = None,
+    interpolation: str | None = None,
+    progress: bool = False,
+) -> CheckpointEval:
+    """Evaluate a checkpoint on `split` of the dataset `data` (a `vitlab.data.parse_data_spec` string).
+
+    Images are prepared as the checkpoint says (`vitlab.preprocess.resolve`: its stored preprocessing, else its
+    format's convention, else a default with a warning) unless `normalize`, `eval_resize`, `crop_fraction` (which
+    implies "center_crop") or `interpolation` say otherwise.
+
+    Args:
+        checkpoint: A .safetensors written by vitlab, or anything `vitlab.load_model` reads.
+        precision: Autocast precision of the eager model ("auto", "bf16", "fp32"); ignored with a speed `mode`.
+        device: "cpu" / "cuda"; None picks CUDA when available.
+        mode: A `vitlab.optimize` speed mode instead of plain eager ("fp32"); the top-1 then measures that mode.
+        tta: "none" or "hflip" (see `evaluate`).
+        progress: Show a progress bar over the batches.
+
+    Raises:
+        ValueError: Unknown mode / tta / precision, bad preprocessing values, or a class count that differs.
+        FileNotFoundError, OSError: The checkpoint or the data cannot be read.
+    """
+    from .data import build_eval_data, parse_data_spec, preprocess_of
+    from .optimize import MODES, optimize
+    from .precision import resolve_precision
+    from .preprocess import cli_overrides, data_overrides
+    from .weights import load_model
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if tta not in TTA_MODES:
+        raise ValueError(f"unknown test-time augmentation {tta!r}; choose one of {', '.join(TTA_MODES)}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    precision = resolve_precision(precision, dev)
+    model = load_model(checkpoint)
+    model.to(dev)
+    cfg = model.cfg
+    # evaluate the way the weights expect their inputs (normalisation, channel expansion, eval resize)
+    overrides = cli_overrides(normalize=normalize, resize=eval_resize, crop_fraction=crop_fraction,
+                              interpolation=interpolation, in_chans=cfg.in_chans)
+    pre = preprocess_of(model, what=str(checkpoint), **overrides)
+    data_cfg = parse_data_spec(data).replace(**data_overrides(pre))
+    ev = build_eval_data(data_cfg, split, img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=batch_size)
+    if ev.num_classes != cfg.num_classes:
+        raise ValueError(f"the checkpoint has {cfg.num_classes} classes but {data} has {ev.num_classes}")
+    net: nn.Module = model
+    if mode != "fp32":
+        net, precision = optimize(model, mode), "fp32"  # the mode sets its own dtype; no autocast around it
+    batches: Iterable = ev
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(ev, desc="eval", unit="batch", dynamic_ncols=True, leave=False)
+    result = evaluate(net, batches, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes),
+                      tta=tta)
+    return CheckpointEval(
+        **{f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)},
+        checkpoint=str(checkpoint), data=data, split=split, mode=mode, tta=tta, precision=precision,
+        eval_resize=data_cfg.eval_resize, preprocess=pre.to_dict(),
+        crop_fraction=data_cfg.eval_crop_fraction if data_cfg.eval_resize == "center_crop" else None,
+    )

@@ -1,0 +1,408 @@
+"""A training run as an object: `Run` builds the data, the model and the outputs, and offers what the loop does
+with them (step, log, evaluate, run the evaluators, save) and the end (finish: final weights and report).
+
+The loop that drives it is `vitlab.train.loop`; the counters that travel in checkpoints are `RunState`; what
+`train` returns is `TrainResult`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from .._extras import needs
+from ..config import to_hw
+from ..evaluate import EvalResult, Result, evaluate
+from ..io import write_atomic
+from ..model import VisionTransformer
+from ..precision import resolve_precision
+from . import checkpoint as ckpt
+from .build import build_model, data_config_with_init, trained_preprocess
+from .distributed import (
+    DistInfo,
+    barrier,
+    full_state_dict,
+    gather_objects,
+    load_optimizer_state_dict,
+    optimizer_state_dict,
+    wrap_model,
+)
+from .evaluators import build_evaluators
+from .meter import Meter
+from .mixup import BatchMix
+from .optim import build_optimizer
+from .recipe import Recipe, size_at
+from .rng import rng_state, seed_everything, set_rng_state
+from .rundir import resume_point, write_recipe
+from .schedule import lr_at
+from .step import StepResult, resize_batch, train_step
+
+logger = logging.getLogger("vitlab.train")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many non-finite steps in a row: the run stops, its last good checkpoint kept."""
+
+
+@dataclass
+class RunState:
+    """Counters that travel in the checkpoint."""
+
+    step: int = 0
+    skipped_steps: int = 0
+    bad_in_a_row: int = 0
+    images_seen: int = 0
+    train_time_s: float = 0.0
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult(Result):
+    """What `train` returns (report.json holds it too, with `eval` summarised).
+
+    Attributes:
+        status: "completed", "completed (time budget N min)" or "interrupted (SIGTERM)" and the like.
+        step: Optimizer steps done; total_steps: steps the run was set for.
+        skipped_steps: Non-finite steps skipped (never applied).
+        images_seen: Training images consumed (all processes).
+        train_time_s: Seconds spent in training steps (evaluation and checkpoints not counted).
+        run_dir: The run directory; resumed_from: the checkpoint this process resumed from, if any.
+        world_size: Processes; precision: the autocast precision used ("auto" resolved).
+        model: The final weights (a completed run, main process), else None.
+        eval: The final evaluation on `eval_split` (a completed run, main process), else None.
+        eval_split: The split `eval` is on.
+        report: report.md (a completed run, main process), else None.
+        images_per_s, mfu: Median training speed over the run's log rows (main process).
+        evaluators: The last row of each `train.evaluators` entry, by name.
+    """
+
+    status: str
+    step: int
+    total_steps: int
+    skipped_steps: int
+    images_seen: int
+    train_time_s: float
+    run_dir: str
+    resumed_from: str | None
+    world_size: int
+    precision: str
+    model: str | None = None
+    eval: EvalResult | None = None
+    eval_split: str | None = None
+    report: str | None = None
+    images_per_s: float | None = None
+    mfu: float | None = None
+    evaluators: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class Run:
+    """One training run: its data, model, optimizer, outputs and counters, and what can be done with them.
+
+    Building it builds the data and the model (from the latest checkpoint with `resume`) and opens the outputs
+    (main process); `step`, `evaluate`, `run_evaluators` and `save` are what the loop calls; `close` closes the
+    outputs and `finish` writes the final model and the report.
+    """
+
+    def __init__(self, recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool = False, progress: bool = False,
+                 on_step: Callable[[int, StepResult], None] | None = None,
+                 on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None, stream: Any = None,
+                 eval_data: Any = None) -> None:
+        self.recipe, self.tr, self.run_dir, self.info = recipe, recipe.train, run_dir, info
+        self.on_step, self.on_loss = on_step, on_loss
+        self.ckpt_dir = run_dir / "checkpoints"
+        seed_everything(self.tr.seed)
+        self.precision = resolve_precision(self.tr.precision, info.device)  # "auto" decided once, recorded
+        self.vit_cfg = recipe.model.vit_config(num_classes=0)
+        self.data_cfg: Any = None
+        self._build_data(stream, eval_data)
+        self._build_model(resume)
+        self._open_outputs(resume, progress)
+
+    # building
+
+    def _build_data(self, stream: Any, eval_data: Any) -> None:
+        """Each optimizer step pulls accum_steps micro-batches; the ranks' micro-batches make the global batch."""
+        from ..data import build_eval_data, build_train_stream
+
+        tr, info, cfg = self.tr, self.info, self.vit_cfg
+        micro = tr.batch_size // tr.accum_steps
+        if stream is None:
+            self.data_cfg = data_config_with_init(self.recipe)
+            stream = build_train_stream(self.data_cfg, img_size=cfg.img_size, in_chans=cfg.in_chans,
+                                        batch_size=micro // info.world_size, seed=tr.seed, rank=info.rank,
+                                        world_size=info.world_size)
+        self.stream = stream
+        self.num_classes = stream.num_classes
+        self.classes = list(getattr(stream, "classes", None) or [str(i) for i in range(self.num_classes)])
+        self.eval_data = eval_data
+        self.evaluators: dict[str, Any] = {}  # name -> runner (main process only)
+        if info.is_main:
+            kw: dict[str, Any] = dict(img_size=cfg.img_size, in_chans=cfg.in_chans,
+                                      batch_size=tr.eval_batch_size or micro)
+            if eval_data is None or tr.evaluators:
+                self.data_cfg = self.data_cfg or data_config_with_init(self.recipe)
+            if eval_data is None:
+                self.eval_data = build_eval_data(self.data_cfg, tr.eval_split, **kw)
+            for r in build_evaluators(tr.evaluators, self.data_cfg, device=info.device, precision=self.precision, **kw):
+                self.evaluators[r.name] = r
+        self.total_steps = tr.steps or max(1, math.ceil(tr.epochs * stream.epoch_size / tr.batch_size))
+        self.stream_resizes = hasattr(stream, "set_output_size")  # in-memory data crops straight to the size
+        self.budget_s = tr.time_budget_min * 60 if tr.time_budget_min else None
+
+    def _build_model(self, resume: bool) -> None:
+        """Model, optimizer, EMA; every rank builds the same init (same seed) and DDP also broadcasts rank 0's."""
+        tr, info = self.tr, self.info
+        model = build_model(self.recipe, num_classes=self.num_classes).to(info.device)
+        self.trained_pre = trained_preprocess(self.recipe, self.data_cfg, self.vit_cfg)  # saved with the weights
+        for size, _ in tr.resize_schedule or []:
+            if size % model.patch_embed.pixel_patch:
+                raise ValueError(f"train.resize_schedule: size {size} is not a multiple of the model's "
+                                 f"{model.patch_embed.pixel_patch} pixels per token")
+        if tr.grad_checkpointing:
+            model.set_grad_checkpointing(True)
+        self.state = RunState()
+        self.resumed_from: str | None = None
+        saved: dict[str, Any] = {}
+        if resume:
+            weights_path, saved = resume_point(self.ckpt_dir, info.world_size)
+            from safetensors.torch import load_file
+
+            model.load_state_dict(load_file(str(weights_path), device=str(info.device)), strict=True)
+            self.resumed_from = str(weights_path)
+        self.model = model
+        self.net = wrap_model(model, info, tr.parallel)
+        self.optimizer = build_optimizer(self.net if tr.parallel == "fsdp" else model, self.recipe.optim)
+        self.ema = None
+        if tr.ema_decay is not None:
+            from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+            self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(tr.ema_decay), use_buffers=True)
+        rank = info.rank if info.distributed else 0
+        if resume:
+            load_optimizer_state_dict(self.optimizer, self.net, saved["optimizer"], info, tr.parallel)
+            if self.ema is not None:
+                self.ema.load_state_dict(saved["ema"])
+            self.state = RunState(**saved["run"])
+            self.stream.load_state_dict(saved["data"][rank])
+            set_rng_state(saved["rng"][rank])
+        else:
+            torch.manual_seed(tr.seed + 1000 * info.rank + 1)  # dropout / mixup differ per rank, fixed per seed
+        if tr.compile:
+            self.net = cast(nn.Module, torch.compile(self.net))
+        self.mix = BatchMix(self.num_classes, tr.mixup, tr.cutmix)
+        self.it = iter(self.stream)
+        self.meter = Meter(model.cfg, info.device.type, self.precision, info.world_size)
+        self.meter.start(self.state.train_time_s, self.state.images_seen, self.state.step)
+
+    def _open_outputs(self, resume: bool, progress: bool) -> None:
+        """recipe.yaml, metrics.jsonl, TensorBoard and the progress bar (main process only)."""
+        self.metrics_f: Any = None
+        self.writer: Any = None
+        self.pbar: Any = None
+        if not self.info.is_main:
+            return
+        with needs("train", "training's TensorBoard log"):  # before anything is written or opened
+            from torch.utils.tensorboard import SummaryWriter
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            write_recipe(self.run_dir, self.recipe)
+        from .report import open_metrics
+
+        self.metrics_f = open_metrics(self.run_dir / "metrics.jsonl")  # closed in close()
+        self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.state.step if resume else None)
+        if progress:
+            from tqdm import tqdm
+
+            self.pbar = tqdm(total=self.total_steps, initial=self.state.step, unit="step", dynamic_ncols=True,
+                             desc="train")
+
+    def close(self) -> None:
+        """Close the progress bar, TensorBoard and metrics.jsonl (the `with` block does it)."""
+        for out in (self.pbar, self.writer, self.metrics_f):
+            if out is not None:
+                out.close()
+        self.pbar = self.writer = self.metrics_f = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # what the loop calls
+
+    def log(self, row: dict[str, Any]) -> None:
+        """A metrics.jsonl row and its numbers in TensorBoard under `split/name`."""
+        if self.metrics_f is not None:
+            self.metrics_f.write(json.dumps(row) + "\n")
+            self.metrics_f.flush()
+        if self.writer is not None:
+            for k, v in row.items():
+                if k not in ("step", "split") and isinstance(v, int | float):
+                    self.writer.add_scalar(f"{row['split']}/{k}", v, row["step"])
+
+    def step(self) -> StepResult | None:
+        """One optimizer step at the schedule's position, or None when the time budget is spent.
+
+        Raises:
+            NonFiniteError: `train.max_bad_steps` non-finite steps in a row.
+        """
+        t0 = time.perf_counter()
+        tr, state = self.tr, self.state
+        at = state.step
+        if self.budget_s is not None:  # the schedule runs on whichever clock is further along
+            at = max(at, int(state.train_time_s / self.budget_s * self.total_steps))
+            if at >= self.total_steps:
+                return None
+        self.lr = lr_at(at, self.total_steps, self.recipe.optim.lr, self.recipe.schedule)
+        size = size_at(tr.resize_schedule, at / self.total_steps, 0)  # progressive resizing
+        self.hw = (size, size) if size else to_hw(self.vit_cfg.img_size)
+        if self.stream_resizes:
+            self.stream.set_output_size(self.hw)
+        batches = [next(self.it) for _ in range(tr.accum_steps)]
+        if not self.stream_resizes:
+            batches = [(resize_batch(x, self.hw), y) for x, y in batches]
+        result = train_step(self.net, self.optimizer, batches, lr=self.lr, device=self.info.device,
+                            precision=self.precision, clip_grad_norm=self.recipe.optim.clip_grad_norm,
+                            label_smoothing=tr.label_smoothing, mix=self.mix, accum_steps=tr.accum_steps,
+                            info=self.info, on_loss=self.on_loss)
+        if result.applied:
+            state.bad_in_a_row = 0
+            if self.ema is not None:
+                self.ema.update_parameters(self.model)
+        else:
+            state.skipped_steps += 1
+            state.bad_in_a_row += 1
+        state.step += 1
+        state.images_seen += tr.batch_size
+        state.train_time_s += time.perf_counter() - t0
+        if self.on_step is not None:
+            self.on_step(state.step, result)
+        if state.bad_in_a_row >= tr.max_bad_steps:
+            raise NonFiniteError(
+                f"{state.bad_in_a_row} non-finite steps in a row (loss {result.loss}, grad norm {result.grad_norm}) "
+                f"at step {state.step}; none was applied. The last good checkpoint is kept in {self.ckpt_dir}. "
+                f"Lower optim.lr, raise optim.clip_grad_norm, or use train.precision=fp32.")
+        if self.pbar is not None:
+            self.pbar.update(1)
+        return result
+
+    def log_train(self, result: StepResult) -> None:
+        """The training row: loss, lr, grad norm, images/s, MFU, ETA, image size, skipped steps."""
+        s = self.state
+        speed = self.meter.interval(s.train_time_s, s.images_seen, s.step, self.total_steps, self.hw)
+        self.log({"step": s.step, "split": "train", "loss": result.loss, "lr": self.lr, "grad_norm": result.grad_norm,
+                  "images_per_s": speed.images_per_s, "mfu": speed.mfu, "eta_s": speed.eta_s, "img_size": self.hw[0],
+                  "skipped_steps": s.skipped_steps, "train_time_s": s.train_time_s})
+        if self.pbar is not None:
+            self.pbar.set_postfix(loss=f"{result.loss:.4f}", lr=f"{self.lr:.2e}", img_s=f"{speed.images_per_s:.0f}",
+                                  mfu=f"{speed.mfu:.1%}", refresh=False)
+        eta = f"{speed.eta_s / 60:.1f} min" if math.isfinite(speed.eta_s) else "-"
+        logger.info("step %d/%d: loss %.4f, lr %.2e, %.0f images/s, MFU %.1f%%, ETA %s", s.step, self.total_steps,
+                    result.loss, self.lr, speed.images_per_s, 100 * speed.mfu, eta)
+
+    def eval_model(self) -> VisionTransformer:
+        """A plain module with the current weights (the EMA's if on); FSDP gathers the full state (every rank)."""
+        if self.ema is not None:
+            return cast(VisionTransformer, self.ema.module)
+        if self.info.distributed and self.tr.parallel == "fsdp":
+            sd = full_state_dict(self.net, self.info)  # collective; with cpu_offload only rank 0 gets the tensors
+            if not self.info.is_main:
+                return self.model
+            plain = VisionTransformer(self.model.cfg)
+            plain.load_state_dict(sd)
+            return plain.to(self.info.device)
+        return self.model
+
+    def evaluate(self) -> EvalResult | None:
+        """Evaluate on `train.eval_split` (main process; every rank calls), log it; with EMA, the raw weights too."""
+        tr, info = self.tr, self.info
+        result = None
+        m = self.eval_model()  # every rank: gathering FSDP shards is a collective
+        if info.is_main:
+            kw: dict[str, Any] = dict(device=info.device, precision=self.precision, max_samples=tr.eval_max_samples)
+            result = evaluate(m, self.eval_data, self.num_classes, class_names=self.classes, **kw)
+            row = {"step": self.state.step, "split": f"eval_{tr.eval_split}", "top1": result.top1,
+                   "top5": result.top5, "loss": result.loss, "train_time_s": self.state.train_time_s}
+            if self.ema is not None:
+                row["top1_raw"] = evaluate(self.model, self.eval_data, self.num_classes, **kw).top1
+            self.log(row)
+            self.state.evals.append(row)
+            logger.info("step %d: %s top-1 %.2f%%, loss %.4f", row["step"], row["split"], 100 * result.top1,
+                        result.loss)
+        barrier(info)
+        return result
+
+    def run_evaluators(self, final: bool = False) -> None:
+        """The recipe's evaluators due at this step (all of them when `final`); every rank calls."""
+        step = self.state.step
+        due = [e for e in self.tr.evaluators if final or step == self.total_steps or (e.every and step % e.every == 0)]
+        if not due:
+            return
+        m = self.eval_model()  # every rank: gathering FSDP shards is a collective
+        if self.info.is_main:
+            for e in due:
+                row = self.evaluators[e.name].run(m, step)
+                self.log({**row, "train_time_s": self.state.train_time_s})
+                logger.info("step %d: %s %s", step, e.name, ", ".join(
+                    f"{k} {v:.4f}" for k, v in row.items() if k not in ("step", "split")))
+        barrier(self.info)
+
+    def save(self) -> None:
+        """A checkpoint of the current step (every rank calls: data positions and RNGs are gathered)."""
+        tr, info, state = self.tr, self.info, self.state
+        data_states = gather_objects(self.stream.state_dict(), info)
+        rngs = gather_objects(rng_state(), info)
+        sd = full_state_dict(self.net, info) if tr.parallel == "fsdp" and info.distributed else None
+        opt_sd = optimizer_state_dict(self.optimizer, self.net, info, tr.parallel)
+        if not info.is_main:
+            return
+        plain = self.model
+        if sd is not None:
+            plain = VisionTransformer(self.model.cfg)
+            plain.load_state_dict(sd)
+        train_state = {"optimizer": opt_sd, "run": state.__dict__, "data": data_states, "rng": rngs,
+                       "ema": self.ema.state_dict() if self.ema is not None else None, "world_size": info.world_size}
+        step = state.step
+        ckpt.save_checkpoint(self.ckpt_dir, step, lambda p: self._save_weights(p, plain, {"step": step}),
+                             train_state, tr.keep_checkpoints)
+
+    def _save_weights(self, path: Path, model: VisionTransformer, extra: dict[str, Any]) -> None:
+        from ..weights import save_weights
+
+        if self.trained_pre is not None:
+            model.preprocess = self.trained_pre
+        meta = {"recipe": self.recipe.to_dict(), "classes": self.classes, "total_steps": self.total_steps}
+        save_weights(model, path, metadata={**meta, **extra})
+
+    def finish(self, status: str, final_eval: EvalResult | None) -> TrainResult:
+        """The result; for a completed run also the final weights (model.safetensors) and the report."""
+        s, info = self.state, self.info
+        out = TrainResult(status=status, step=s.step, total_steps=self.total_steps, skipped_steps=s.skipped_steps,
+                          images_seen=s.images_seen, train_time_s=s.train_time_s, run_dir=str(self.run_dir),
+                          resumed_from=self.resumed_from, world_size=info.world_size, precision=self.precision)
+        m = self.eval_model() if status.startswith("completed") else None  # every rank (FSDP gathers)
+        if not info.is_main:
+            return out
+        from .report import read_metrics, speed_and_evaluators, write_report
+
+        out.images_per_s, out.mfu, out.evaluators = speed_and_evaluators(read_metrics(self.run_dir / "metrics.jsonl"))
+        if m is not None and final_eval is not None:
+            final_path = self.run_dir / "model.safetensors"
+            metrics = {f"{self.tr.eval_split}_{k}": getattr(final_eval, k) for k in ("top1", "top5", "loss",
+                                                                                     "num_samples")}
+            write_atomic(final_path, lambda p: self._save_weights(
+                p, m, {"step": s.step, "metrics": metrics, "ema": self.ema is not None}), overwrite=True)
+            out.model, out.eval, out.eval_split = str(final_path), final_eval, self.tr.eval_split
+            report = {k: v for k, v in out.to_dict().items() if v is not None}
+            out.report = str(write_report(self.run_dir, report, self.recipe))
+        return out

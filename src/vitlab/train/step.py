@@ -1,0 +1,89 @@
+"""One optimizer step: forward and backward over the micro-batches under autocast, global-norm clipping, and the
+update only when every process saw a finite loss and gradient norm."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..precision import autocast
+from .distributed import DistInfo, all_reduce_mean, all_true
+from .mixup import BatchMix
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step did: mean loss of its micro-batches, global grad norm, whether it was applied."""
+
+    loss: float
+    grad_norm: float
+    applied: bool
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    lr: float,
+    device: torch.device,
+    precision: str = "auto",
+    clip_grad_norm: float | None = None,
+    label_smoothing: float = 0.0,
+    mix: BatchMix | None = None,
+    accum_steps: int = 1,
+    info: DistInfo | None = None,
+    on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> StepResult:
+    """One optimizer step over `accum_steps` micro-batches: forward, backward, clip, and the update only if the
+    loss and the global gradient norm are finite on every process (otherwise the gradients are dropped).
+
+    Args:
+        on_loss: A hook applied to each micro-batch loss (tests inject NaN through it).
+    """
+    info = info or DistInfo(device=device)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    model.train()
+    total = 0.0
+    batches = list(micro_batches)
+    if len(batches) != accum_steps:
+        raise ValueError(f"expected {accum_steps} micro-batches, got {len(batches)}")
+    for i, (x, y) in enumerate(batches):
+        x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        if mix is not None and mix.enabled:
+            x, y = mix(x, y)  # y: (B, classes) soft targets
+        sync = i == accum_steps - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
+        no_sync = contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, model).no_sync()
+        with no_sync, autocast(device, precision):
+            logits = model(x)  # (B, classes)
+        loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+        if on_loss is not None:
+            loss = on_loss(loss)
+        (loss / accum_steps).backward()
+        total += loss.item()
+    loss_value = all_reduce_mean(total / accum_steps, info)
+    params = [p for p in model.parameters() if p.grad is not None]
+    # The global norm over all parameters (clipped when asked; inf threshold just measures it).
+    norm = torch.nn.utils.clip_grad_norm_(params, clip_grad_norm if clip_grad_norm else float("inf"), foreach=True)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    applied = all_true(math.isfinite(loss_value) and math.isfinite(grad_norm), info)
+    if applied:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss_value, grad_norm, applied)
+
+
+def resize_batch(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
+    """Images (B, C, H, W) resized to hw (bilinear, antialiased when shrinking); unchanged if already hw."""
+    if tuple(x.shape[-2:]) == tuple(hw):
+        return x
+    return F.interpolate(x, size=hw, mode="bilinear", align_corners=False, antialias=True)
