@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from vitlab.train import Recipe, train
+from vitlab.train.report import read_metrics
 
 STEPS = 3
 
@@ -26,7 +27,10 @@ def _recipe(data: dict, accum_steps: int = 1, parallel: str = "ddp") -> Recipe:
         "optim": {"name": "adamw", "lr": 3e-3, "eps": 1e-6, "weight_decay": 0.05, "clip_grad_norm": 0.5},
         "schedule": {"name": "cosine", "warmup_steps": 1},
         "train": {"batch_size": 16, "accum_steps": accum_steps, "steps": STEPS, "precision": "fp32",
-                  "label_smoothing": 0.1, "eval_max_samples": 200, "eval_batch_size": 200, "parallel": parallel},
+                  "label_smoothing": 0.1, "eval_max_samples": 200, "eval_batch_size": 200, "parallel": parallel,
+                  # the few-shot probe at step 2 and the end: under FSDP its model is gathered from every rank
+                  "evaluators": [{"kind": "fewshot", "every": 2, "shots": [2], "seeds": 1, "train_samples": 100,
+                                  "eval_samples": 100}]},
     })
 
 
@@ -69,3 +73,8 @@ def test_two_process_ddp_matches_one_process(tmp_path, synthetic_data, accum, pa
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=k)
     assert json.loads((run_dir / "report.json").read_text())["world_size"] == 2
+    # the evaluator ran on the main process at the declared steps, on the same weights as the single process's
+    probe = [[r for r in read_metrics(d / "metrics.jsonl") if r["split"] == "fewshot"] for d in (tmp_path / "single",
+                                                                                                run_dir)]
+    assert [r["step"] for r in probe[1]] == [2, STEPS] == [r["step"] for r in probe[0]]
+    assert [r["2shot"] for r in probe[1]] == pytest.approx([r["2shot"] for r in probe[0]], abs=0.02)
