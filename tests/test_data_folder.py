@@ -12,7 +12,15 @@ import torch
 from PIL import Image
 from torchvision.datasets.folder import pil_loader
 
-from vitlab.data import BadImageError, BadImageWarning, DataConfig, build_eval_data, build_train_stream, load_images
+from vitlab.data import (
+    BadImageError,
+    BadImageWarning,
+    DataConfig,
+    DataError,
+    build_eval_data,
+    build_train_stream,
+    load_images,
+)
 from vitlab.data.folder import scan_tree
 from vitlab.data.images import decode_image, pil_to_tensor
 
@@ -129,7 +137,7 @@ def test_missing_root_and_empty_class(tmp_path):
     (tmp_path / "t" / "a").mkdir(parents=True)
     (tmp_path / "t" / "b").mkdir()
     _rgb(0).save(tmp_path / "t" / "a" / "x.png")
-    with pytest.raises(ValueError, match=r"class folder '.*t/b' has no usable images \(it is empty\)"):
+    with pytest.raises(DataError, match=r".*t/b: class folder has no usable images \(it is empty\)"):
         scan_tree(str(tmp_path / "t"))
     (tmp_path / "t" / "b" / "junk.jpg").write_bytes(b"junk")
     with pytest.warns(BadImageWarning), pytest.raises(ValueError, match=r"1 bad files skipped"):

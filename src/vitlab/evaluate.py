@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,11 @@ class CheckpointEval(EvalResult):
         eval_resize: How images were brought to the model's size.
         preprocess: The preprocessing applied (`vitlab.preprocess.Preprocess.to_dict()`).
         crop_fraction: The centre-crop fraction when eval_resize is "center_crop", else None.
+        expected_samples: How many samples the data should hold (None: unknown, see `expected_from`);
+            `num_samples` is how many were evaluated.
+        expected_from: Where `expected_samples` comes from, or why it is unknown.
+        num_skipped: Bad files (or damaged tar members) skipped, found by the scan or when decoded.
+        skipped: The first `vitlab.data.workers.MAX_REPORTED` of them, {"path", "reason"} each.
     """
 
     checkpoint: str = ""
@@ -100,6 +106,10 @@ class CheckpointEval(EvalResult):
     eval_resize: str = ""
     preprocess: dict[str, Any] = field(default_factory=dict)
     crop_fraction: float | None = None
+    expected_samples: int | None = None
+    expected_from: str = ""
+    num_skipped: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
@@ -209,8 +219,14 @@ def evaluate_checkpoint(
     Raises:
         ValueError: Unknown mode / tta / precision, bad preprocessing values, or a class count that differs.
         FileNotFoundError, OSError: The checkpoint or the data cannot be read.
+        vitlab.data.DataError: A malformed data file (or, with data strict mode, any bad image or damaged shard).
+
+    Warns:
+        BadImageWarning: For each bad file or damaged tar member skipped, and once more when fewer samples were
+            evaluated than expected (the result's `expected_samples`, `num_skipped` and `skipped` say which).
     """
-    from .data import build_eval_data, parse_data_spec, preprocess_of
+    from .data import BadImageWarning, build_eval_data, parse_data_spec, preprocess_of
+    from .data.workers import skipped_summary
     from .optimize import MODES, optimize
     from .precision import resolve_precision
     from .preprocess import cli_overrides, data_overrides
@@ -243,9 +259,17 @@ def evaluate_checkpoint(
         batches = tqdm(ev, desc="eval", unit="batch", dynamic_ncols=True, leave=False)
     result = evaluate(net, batches, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes),
                       tta=tta)
+    bad = skipped_summary(ev.report)
+    expected = ev.report.get("expected_samples", ev.num_samples)
+    if expected is not None and result.num_samples < expected:
+        warnings.warn(f"evaluated {result.num_samples} of the {expected} samples expected in {data} / {split} "
+                      f"({bad['num_skipped']} skipped; see the result's 'skipped')", BadImageWarning, stacklevel=2)
     return CheckpointEval(
         **{f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)},
         checkpoint=str(checkpoint), data=data, split=split, mode=mode, tta=tta, precision=precision,
         eval_resize=data_cfg.eval_resize, preprocess=pre.to_dict(),
         crop_fraction=data_cfg.eval_crop_fraction if data_cfg.eval_resize == "center_crop" else None,
+        expected_samples=expected,
+        expected_from=ev.report.get("expected_from", "the samples the data lists (after its scan for bad files)"),
+        **bad,
     )

@@ -6,18 +6,30 @@ mode a plain `open()` would have given it (0o666 less the umask: `tempfile.mkste
 onto `path` in one step, and the folder is fsync'ed so the rename itself survives a power cut. If the block
 raises, the temporary file is removed and an existing `path` is left as it was. A kill -9 can leave a hidden
 `.tmp-*` file behind, never a torn `path`.
+
+A write that fails for a reason of the disk or the folder (full, read-only, no permission, a file where a folder
+must be) raises `OutputError`, "cannot write PATH: no space left on device", whatever the writer (Python, torch,
+safetensors) raised; its temporary file is removed first, so a full disk gets its space back. `check_writable`
+finds the folder problems before any work is done. A Ctrl-C during a write is held until the file is complete
+(or removed), then delivered; a second Ctrl-C during the same write stops it at once (the temporary is removed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
-__all__ = ["atomic_write", "default_mode", "fsync_path", "place", "write_atomic"]
+__all__ = ["OutputError", "atomic_write", "check_writable", "default_mode", "fsync_path", "output_error", "place",
+           "write_atomic"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -62,6 +74,156 @@ def fsync_path(path: str | os.PathLike[str], *, directory: bool = False) -> None
         os.close(fd)
 
 
+# -- errors of writing --------------------------------------------------------------------------------------------
+
+
+class OutputError(OSError):
+    """A file could not be written for a reason of where it goes: the disk is full, the folder is read-only or not
+    writable, or a path names a file where a folder must be. Nothing that was there before has been changed.
+
+    `str()` is "cannot write PATH: REASON"; `errno` and `filename` are set as for any OSError.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, code: int | None = None):
+        super().__init__(code, reason, str(path))
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+# errors of the place a file goes (not of the data): what `output_error` turns into an OutputError
+_WRITE_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EPERM", "ENOTDIR", "EISDIR", "EFBIG",
+                                      "EIO", "ENAMETOOLONG", "EMLINK", "ENOLINK")
+    if hasattr(errno, name))
+# torch and safetensors report the OS error inside their own message ("... (os error 28)"); map its text back
+_STRERRORS = {os.strerror(code).lower(): code for code in _WRITE_ERRNOS}
+_OS_ERROR_RE = re.compile(r"\b(?:os error|errno)\s*(\d+)", re.IGNORECASE)
+_LOW_SPACE = 1 << 20  # below this many free bytes a writer's unexplained failure is taken for a full disk
+
+
+def _reason(code: int) -> str:
+    text = os.strerror(code)
+    return text[:1].lower() + text[1:]
+
+
+def _errno_of(e: BaseException) -> int | None:
+    """The errno of a write error, also when a library wrapped it (torch's RuntimeError, safetensors' own type)."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return e.errno
+    text = str(e)
+    m = _OS_ERROR_RE.search(text)
+    if m and int(m.group(1)) in _WRITE_ERRNOS:
+        return int(m.group(1))
+    low = text.lower()
+    return next((code for msg, code in _STRERRORS.items() if msg in low), None)
+
+
+def _free_bytes(folder: Path) -> int | None:
+    try:
+        st = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def output_error(path: str | os.PathLike[str], e: BaseException, *, folder: str | os.PathLike[str] | None = None
+                 ) -> OutputError | None:
+    """The OutputError for `e`, raised while writing `path`, when `e` is about the disk or the folder; else None.
+
+    Python's OSError carries an errno. torch and safetensors wrap the OS error in their own exception with the
+    errno or its text in the message; torch sometimes says only "unexpected pos": for such an unexplained failure
+    (a RuntimeError or a library's own type) the free space of `folder` (default: `path`'s) decides, and under
+    1 MiB it is taken for a full disk. Call it before removing a partial file, which gives the space back.
+    """
+    if isinstance(e, OutputError):
+        return e
+    code = _errno_of(e)
+    foreign = type(e).__module__.partition(".")[0] not in ("builtins", "vitlab")  # e.g. SafetensorError
+    if code is None and (isinstance(e, RuntimeError) or foreign):
+        free = _free_bytes(Path(folder) if folder is not None else Path(path).parent)
+        if free is not None and free < _LOW_SPACE:
+            code = errno.ENOSPC
+    if code is None or code not in _WRITE_ERRNOS:
+        return None
+    return OutputError(path, _reason(code), code)
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not os.path.lexists(path) and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_writable(path: str | os.PathLike[str], *, folder: bool = False) -> Path:
+    """Raise OutputError now if `path` could not be written later: a file (or with `folder`, a folder to write
+    into) whose place is a file, a read-only file system or a folder without write permission. Nothing is created.
+
+    A full disk cannot be known in advance: `atomic_write` reports it when it happens.
+
+    Raises:
+        OutputError: With the reason ("it is a file, not a folder", "read-only file system", ...).
+    """
+    p = Path(path)
+    if folder and p.exists() and not p.is_dir():
+        raise OutputError(p, "it is a file, not a folder", errno.ENOTDIR)
+    if not folder and p.is_dir():
+        raise OutputError(p, "it is a folder; give a file name inside it", errno.EISDIR)
+    where = p if folder and p.is_dir() else _nearest_existing(p.parent if not folder else p)
+    if not where.is_dir():
+        raise OutputError(p, f"{where} is a file, not a folder", errno.ENOTDIR)
+    if not os.access(where, os.W_OK | os.X_OK):
+        try:
+            read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+        except (OSError, AttributeError):
+            read_only = False
+        code = errno.EROFS if read_only else errno.EACCES
+        raise OutputError(p, _reason(code) + ("" if where == p else f" ({where})"), code)
+    return p
+
+
+# -- Ctrl-C during a write -----------------------------------------------------------------------------------------
+
+
+class _HoldInterrupts:
+    """Within the block (main thread only), SIGINT is recorded instead of acted on, and handed to the handler that
+    was there when the block ends: a file being written is finished (or removed) before Ctrl-C stops the program.
+    A second SIGINT within the block is acted on at once (KeyboardInterrupt): the user insists."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self.forced = False
+        self._old: Any = None
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.pending:
+            self.forced = True
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def __enter__(self) -> _HoldInterrupts:
+        if threading.current_thread() is threading.main_thread():
+            old = signal.getsignal(signal.SIGINT)
+            if old is not None and old is not signal.SIG_IGN:  # None: a handler not installed from Python
+                self._old = old
+                signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        old, self._old = self._old, None
+        if old is None:
+            return
+        signal.signal(signal.SIGINT, old)
+        if self.pending and not self.forced:  # deliver the held Ctrl-C to whoever would have had it
+            if callable(old):
+                old(signal.SIGINT, None)
+            else:  # SIG_DFL: die of the signal, as the program would have
+                signal.raise_signal(signal.SIGINT)
+
+
+# -- writing -------------------------------------------------------------------------------------------------------
+
+
 def _check_target(path: Path, overwrite: bool) -> None:
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give a file name inside it")
@@ -82,12 +244,27 @@ def place(src: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrit
     """
     dest = Path(dest)
     _check_target(dest, overwrite)
-    fsync_path(src)  # the data is on disk before the name points at it
-    if mode is not None:
-        os.chmod(src, mode)
-    os.replace(src, dest)
+    try:
+        fsync_path(src)  # the data is on disk before the name points at it (a full disk may say so only here)
+        if mode is not None:
+            os.chmod(src, mode)
+        os.replace(src, dest)
+    except OSError as e:
+        err = output_error(dest, e)
+        if err is None:
+            raise
+        raise err from e
     fsync_path(dest.parent, directory=True)
     return dest
+
+
+def _remove(tmp: Path) -> None:
+    """Remove a temporary file if it is there (a read-only file system refuses even to unlink a missing one)."""
+    try:
+        tmp.unlink()
+    except OSError:
+        if os.path.lexists(tmp):
+            raise
 
 
 @contextlib.contextmanager
@@ -104,19 +281,40 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False, mode:
             before writing and again before the rename.
         mode: Permission bits of the result; default `default_mode()` (0o644 under umask 022).
 
+    A Ctrl-C while the block runs is delivered when the file is in place (or removed); a second one stops the
+    write at once, as KeyboardInterrupt, whatever the writer turned it into.
+
     Raises:
         FileExistsError: `path` exists and `overwrite` is False.
         IsADirectoryError: `path` is a directory.
+        OutputError: The disk is full, the folder read-only or not writable, a folder on the way is a file: the
+            temporary file is removed and an existing `path` kept.
     """
     path = Path(path)
     _check_target(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
     try:
-        yield tmp
-        place(tmp, path, overwrite=overwrite, mode=default_mode() if mode is None else mode)
-    finally:
-        tmp.unlink(missing_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:  # a file is in the way of the folder
+        raise OutputError(path, f"{_nearest_existing(path.parent)} is a file, not a folder", errno.ENOTDIR) from e
+    except OSError as e:
+        err = output_error(path, e)
+        if err is None:
+            raise
+        raise err from e
+    tmp = path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
+    with _HoldInterrupts() as held:
+        try:
+            yield tmp
+            place(tmp, path, overwrite=overwrite, mode=default_mode() if mode is None else mode)
+        except BaseException as e:
+            if held.forced and not isinstance(e, KeyboardInterrupt):  # torch turns it into a RuntimeError
+                raise KeyboardInterrupt from e
+            err = output_error(path, e) if isinstance(e, Exception) else None  # before the space is freed
+            if err is None:
+                raise
+            raise err from e
+        finally:
+            _remove(tmp)
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | bytearray | str | Callable[[Path], object], *,

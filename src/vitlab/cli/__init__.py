@@ -12,7 +12,8 @@ import argparse
 import importlib
 import sys
 
-from ._common import HelpFormatter, add_parser, add_verbosity, exit_code_table, logging_to_stderr, run_command
+from ._common import (INTERRUPTED, HelpFormatter, add_parser, add_verbosity, exit_code_table, logging_to_stderr,
+                      run_command)
 
 __all__ = ["COMMANDS", "build_parser", "main", "version"]
 
@@ -65,12 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse `argv` (default: sys.argv[1:]), run the command, return its exit code (see `vitlab --help`)."""
-    args = build_parser().parse_args(argv)
+    """Parse `argv` (default: sys.argv[1:]), run the command, return its exit code (see `vitlab --help`).
+
+    Without `argv` main runs as the `vitlab` program: a Ctrl-C that comes after the command's work, while the
+    process exits, ends it at once with code 130 (`_common.run_command`). With `argv` (a call from Python, a
+    test) the process's signal handling is left as it was.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C before the command started
+        print("vitlab: interrupted", file=sys.stderr)
+        return INTERRUPTED
     verbose, quiet = getattr(args, "verbose", 0) or 0, getattr(args, "quiet", 0) or 0
     name = " ".join(str(n) for n in (args.command, getattr(args, "action", None)) if n)  # "weights get"
     with logging_to_stderr(verbose, quiet):
-        return run_command(name, lambda: args._run(args), verbose=verbose)
+        return run_command(name, lambda: args._run(args), verbose=verbose, program=argv is None)
 
 
 if __name__ == "__main__":

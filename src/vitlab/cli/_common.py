@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -203,30 +206,104 @@ def _import_message(e: ImportError) -> str:
     return str(e)
 
 
+# errnos that only a write gives: an OSError with one of them is reported as "cannot write ..."
+_WRITE_ONLY_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, n))
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether a Ctrl-C is behind `e`: a library that ran Python code under C (torch.save's writer, a DataLoader)
+    may turn the KeyboardInterrupt raised there into an error of its own, chained to it."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
 def error_message(e: BaseException) -> tuple[int, str] | None:
     """(exit code, message) for the exceptions a command reports as one "error: ..." line; None for anything else
     (a bug: its traceback is shown).
 
     The one table:
         UsageError                                   -> 2, its message
-        ImportError (a missing optional dependency)  -> 1, the extra to install
+        ImportError (MissingExtraError, a missing optional dependency) -> 1, the extra to install
+        vitlab.io.OutputError (disk full, read-only or unwritable folder, a file where a folder must be)
+                                                     -> 1, "cannot write PATH: reason"
+        OSError of a write (ENOSPC, EDQUOT, EROFS, EFBIG) -> 1, "cannot write FILE: reason"
         OSError with a file name (FileNotFoundError, PermissionError, IsADirectoryError, ...) -> 1, "FILE: reason"
-        ValueError (WeightsError, bad config values), TypeError, OSError, RuntimeError (a non-finite loss, an
-        onnxruntime mismatch, a bad device string)   -> 1, the message
+        yaml.YAMLError (a recipe or --set value that is not YAML) -> 1, the parser's message
+        ValueError (WeightsError, DataError, bad config values), TypeError, OSError, RuntimeError (a non-finite
+        loss, an onnxruntime mismatch, a bad device string) -> 1, the message
+    KeyboardInterrupt, also when a library wrapped it in an error of its own, is 130 (`run_command`).
     """
+    from ..io import OutputError
+
     if isinstance(e, UsageError):
         return USAGE, str(e)
     if isinstance(e, ImportError):
         return FAILED, _import_message(e)
+    if isinstance(e, OutputError):
+        return FAILED, str(e)
+    if isinstance(e, OSError) and e.errno in _WRITE_ONLY_ERRNOS:
+        reason = os.strerror(e.errno or 0)
+        reason = reason[:1].lower() + reason[1:]
+        return FAILED, f"cannot write {e.filename}: {reason}" if e.filename else f"cannot write output: {reason}"
     if isinstance(e, OSError) and e.strerror and e.filename:  # raised by open() & co: "[Errno 2] ..." is noise
         return FAILED, f"{e.filename}: {e.strerror}"
     if isinstance(e, ValueError | TypeError | OSError | RuntimeError):
         return FAILED, str(e) or type(e).__name__
+    if type(e).__module__.partition(".")[0] == "yaml":  # yaml.YAMLError, without importing yaml here
+        return FAILED, f"invalid YAML: {e}"
     return None
 
 
-def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0) -> int:
-    """Run a command's work, turning the exceptions of `error_message` into one line on stderr and its code."""
+def check_output(path: str | os.PathLike[str] | None, *, folder: bool) -> None:
+    """Refuse an output that could not be written before any work is done: `path` (a file, or with `folder` a
+    folder to write into) whose place is a file, a read-only file system, a folder without write permission.
+    Raises vitlab.io.OutputError ("cannot write PATH: reason"); None is accepted (no output asked for)."""
+    from ..io import check_writable
+
+    if path is not None:
+        check_writable(path, folder=folder)
+
+
+def _exit_on_late_interrupt(command: str, code: int) -> None:
+    """From now on (the command has finished; the interpreter is shutting down), Ctrl-C ends the program at once
+    with exit code 130 and at most one line, instead of a traceback from whatever teardown it interrupts."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        with contextlib.suppress(Exception):
+            if code != INTERRUPTED:
+                print(f"vitlab {command}: interrupted", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(INTERRUPTED)
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0, *, program: bool = False) -> int:
+    """Run a command's work, turning the exceptions of `error_message` into one line on stderr and its code.
+
+    Ctrl-C is exit code 130 and one line, "vitlab COMMAND: interrupted", also when a library turned it into an
+    error of its own. With `program` (the `vitlab` executable, not a call from Python), a Ctrl-C after the work,
+    while the process tears down, exits 130 at once and quietly.
+    """
+    try:
+        code = _run(command, fn, verbose)
+    except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
+        code = INTERRUPTED
+    if program:
+        _exit_on_late_interrupt(command, code)
+    return code
+
+
+def _run(command: str, fn: Callable[[], int | None], verbose: int) -> int:
     try:
         return int(fn() or OK)
     except KeyboardInterrupt:
@@ -236,6 +313,11 @@ def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0) ->
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return BROKEN_PIPE
     except Exception as e:
+        if _interrupted(e):
+            if verbose:
+                traceback.print_exc(file=sys.stderr)
+            print(f"vitlab {command}: interrupted", file=sys.stderr)
+            return INTERRUPTED
         mapped = error_message(e)
         if mapped is None:
             raise

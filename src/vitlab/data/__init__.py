@@ -4,6 +4,7 @@ WebDataset shards; deterministic, resumable, rank-splittable training streams.""
 from .batch_augment import resized_crop_batch, sample_crop_boxes
 from .build import build_eval_data, build_train_stream
 from .config import DataConfig, parse_data_spec
+from .errors import DataError
 from .images import BadImageError, BadImageWarning, load_images, preprocess_of, preprocess_transform, transforms_for
 from .labels import class_names, imagenet_classes
 from .stream import EvalData, TrainStream
@@ -12,6 +13,7 @@ __all__ = [
     "BadImageError",
     "BadImageWarning",
     "DataConfig",
+    "DataError",
     "EvalData",
     "TrainStream",
     "build_eval_data",

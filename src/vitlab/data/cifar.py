@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from .arrays import ArrayDataset
+from .errors import DataError
 
 PIXELS = 3 * 32 * 32
 
@@ -39,17 +40,26 @@ def _resolve(root: str, folder: str, probe: str) -> str:
 
 
 def read_cifar_records(path: str, label_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """One binary batch file -> (images uint8 (N, 3, 32, 32), labels uint8 (N, label_bytes))."""
-    raw = np.fromfile(path, dtype=np.uint8)
+    """One binary batch file -> (images uint8 (N, 3, 32, 32), labels uint8 (N, label_bytes)).
+
+    Raises:
+        DataError: The file is empty or not a whole number of records.
+    """
+    raw = np.fromfile(path, dtype=np.uint8)  # the file's own length: nothing declared to trust
     rec = label_bytes + PIXELS
     if raw.size == 0 or raw.size % rec:
-        raise ValueError(f"{path}: {raw.size} bytes is not a whole number of {rec}-byte CIFAR records (truncated?)")
+        raise DataError(path, f"{raw.size} bytes is not a whole number of {rec}-byte CIFAR records (truncated?)")
     raw = raw.reshape(-1, rec)
     return raw[:, label_bytes:].reshape(-1, 3, 32, 32), raw[:, :label_bytes]
 
 
 def load_cifar(root: str, which: str, split: str) -> ArrayDataset:
-    """Load `split` ("train" or "test") of `which` ("cifar10" or "cifar100", fine labels) from `root`."""
+    """Load `split` ("train" or "test") of `which` ("cifar10" or "cifar100", fine labels) from `root`.
+
+    Raises:
+        FileNotFoundError: A batch file is missing.
+        DataError: A batch file is malformed, or a label has no class name.
+    """
     folder, train_files, test_files, names_file, label_bytes = LAYOUT[which]
     files = train_files if split == "train" else test_files
     base = _resolve(root, folder, files[0])
@@ -58,12 +68,16 @@ def load_cifar(root: str, which: str, split: str) -> ArrayDataset:
     labels = np.concatenate([p[1] for p in parts])[:, -1].astype(np.int64)  # CIFAR-100: the fine label is last
     names_path = os.path.join(base, names_file)
     if os.path.isfile(names_path):
-        with open(names_path, encoding="utf-8") as f:
-            classes = [line.strip() for line in f if line.strip()]
+        with open(names_path, "rb") as fb:
+            try:
+                text = fb.read().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(names_path, f"class names are not UTF-8 text ({e})") from e
+        classes = [line.strip() for line in text.splitlines() if line.strip()]
     else:
         classes = [str(i) for i in range(10 if which == "cifar10" else 100)]
     if labels.size and labels.max() >= len(classes):
-        raise ValueError(f"{base}: label {int(labels.max())} but only {len(classes)} class names in {names_file}")
+        raise DataError(base, f"label {int(labels.max())} but only {len(classes)} class names in {names_file}")
     return ArrayDataset(images, labels, classes)
 
 

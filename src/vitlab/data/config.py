@@ -183,7 +183,8 @@ def parse_data_spec(spec: str) -> DataConfig:
     """CLI shorthand -> DataConfig.
 
     "fashion_mnist", "fashion_mnist:/path", "imagefolder:/path", "cifar10:/path", "cifar100:/path",
-    "webdataset:/path/shard-{000..009}.tar". A bare existing path is not guessed: name the dataset.
+    "webdataset:/path/shard-{000..009}.tar" (those shards are the data of whichever split is asked for). A bare
+    existing path is not guessed: name the dataset.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("empty data spec; expected e.g. 'fashion_mnist' or 'imagefolder:/path/to/tree'")
@@ -198,4 +199,9 @@ def parse_data_spec(spec: str) -> DataConfig:
         )
     if sep and not root:
         raise ValueError(f"data spec {spec!r} has an empty root after ':'")
+    if name == "webdataset":
+        if not root:
+            raise ValueError(f"data spec {spec!r} needs the shard pattern: 'webdataset:/path/shard-{{000..009}}.tar'")
+        # one set of shards, read for whichever split is asked for (evaluation reads "test" from test_root)
+        return DataConfig(dataset=name, root=root, test_root=root)
     return DataConfig(dataset=name, root=root or None)

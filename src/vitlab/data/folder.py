@@ -6,12 +6,17 @@ cannot see (a truncated JPEG body) fails at decode time, where a training sample
 good file of the dataset (deterministically) and an evaluation sample is dropped, again warned and counted.
 In strict mode every bad file is an error. A missing root, a tree without class folders, or a class folder
 without a single good image is an error before training starts.
+
+Symbolic links are followed, but no folder or file is read twice (they are known by device and inode): a link
+cycle or a link to images already in the tree is reported and not followed, so it cannot relabel them. Only
+regular files are ever opened (a FIFO would block the scan forever); anything else is skipped and reported.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from .arrays import stratified_holdout
 from .batch_augment import derive_seed
 from .config import DataConfig
+from .errors import DataError
 from .images import (
     BadImageError,
     decode_image,
@@ -62,62 +68,173 @@ def scan_tree(
 ) -> FileIndex:
     """List a class tree's images, dropping bad files (or raising in strict mode).
 
+    Symbolic links are followed, safely (see `_TreeWalk`): every folder and every file is read once, whatever
+    the paths that lead to it, so a link cycle (`cat/up -> ..`) or a second path to the same images (`cat/x ->
+    ../dog`) cannot relabel anything; each such link is reported, not followed. Only regular files are opened:
+    FIFOs, sockets and devices are skipped with a warning (opening a FIFO would wait forever).
+
     Args:
         root: The folder whose sub-folders are the classes (sorted by name; hidden ones ignored).
         classes: The label space to use (a test tree's folders must be among the training tree's classes).
         verify: Check every file with PIL's verify (cheap) instead of trusting it until it is decoded.
-        strict: Raise BadImageError on the first bad file instead of skipping it.
+        strict: Raise on the first file the scan would skip (BadImageError for a bad image, DataError for
+            anything else) instead of skipping it.
         max_pixels: Decompression-bomb limit (None: PIL's).
 
     Raises:
         FileNotFoundError: root does not exist.
-        ValueError: No class folders, an empty class folder, or a class unknown to `classes`.
+        DataError: No class folders, an empty class folder, two class folders that are the same folder, or a
+            class unknown to `classes`.
     """
     if not os.path.isdir(root):
         raise FileNotFoundError(f"image folder root {root!r} does not exist or is not a directory")
     dirs = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not dirs:
-        raise ValueError(f"image folder {root!r} has no class sub-folders (expected root/<class>/<image files>)")
+        raise DataError(root, "image folder has no class sub-folders (expected root/<class>/<image files>)")
     if classes is None:
         classes = dirs
     else:
         unknown = sorted(set(dirs) - set(classes))
         if unknown:
-            raise ValueError(f"image folder {root!r} has classes {unknown} that the training set does not have")
+            raise DataError(root, f"image folder has classes {unknown} that the training set does not have")
     label_of = {c: i for i, c in enumerate(classes)}
-    warn = Warner(f"image folder {root}")
-    paths, labels, skipped, hidden = [], [], [], 0
-    for name in dirs:
-        good, visited = 0, set()
-        for dirpath, subdirs, files in os.walk(os.path.join(root, name), followlinks=True):
-            real = os.path.realpath(dirpath)
-            if real in visited:  # a symlink cycle: each real folder is read once
-                subdirs[:] = []
+    walk = _TreeWalk(root, dirs, strict, Warner(f"image folder {root}"))
+    paths, labels = [], []
+    for name, files in walk.files().items():
+        good = 0
+        for path in files:
+            reason = verify_image(path, max_pixels=max_pixels) if verify else None
+            if reason is not None:
+                if strict:
+                    raise BadImageError(f"{path}: {reason}")
+                walk.skip(path, reason)
                 continue
-            visited.add(real)
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-            for fname in sorted(files):
-                if fname.startswith("."):
-                    hidden += 1
-                    continue
-                path = os.path.join(dirpath, fname)
-                reason = verify_image(path, max_pixels=max_pixels) if verify else None
-                if reason is not None:
-                    if strict:
-                        raise BadImageError(f"{path}: {reason}")
-                    warn(path, reason, "skipping")
-                    skipped.append({"path": path, "reason": reason})
-                    continue
-                paths.append(path)
-                labels.append(label_of[name])
-                good += 1
+            paths.append(path)
+            labels.append(label_of[name])
+            good += 1
         if good == 0:
-            bad = sum(1 for s in skipped if s["path"].startswith(os.path.join(root, name) + os.sep))
-            raise ValueError(
-                f"class folder {os.path.join(root, name)!r} has no usable images"
-                + (f" ({bad} bad files skipped)" if bad else " (it is empty)")
-            )
-    return FileIndex(paths, np.asarray(labels, dtype=np.int64), list(classes), skipped, hidden)
+            top = os.path.join(root, name)
+            bad = sum(1 for s in walk.skipped if s["path"].startswith(top + os.sep))
+            raise DataError(top, "class folder has no usable images"
+                            + (f" ({bad} bad files skipped)" if bad else " (it is empty)"))
+    return FileIndex(paths, np.asarray(labels, dtype=np.int64), list(classes), walk.skipped, walk.hidden)
+
+
+class _TreeWalk:
+    """The files of each class folder, symbolic links followed without reading anything twice.
+
+    Folders and files are known by their (st_dev, st_ino). First every class folder's real (not linked) content
+    is listed, registering each folder and file; then the symbolic links met on the way are resolved, class by
+    class in name order: a link to a folder or file already registered (the tree root, a class folder, anything
+    inside one: a cycle, or a second path to the same images) is reported and not followed, so a file belongs
+    to the class it really sits in; a link to new content is followed (links found there join the queue). A
+    broken link, an unreadable folder and anything that is not a regular file or a folder (FIFO, socket,
+    device) is reported and skipped: such a file is never opened.
+    """
+
+    def __init__(self, root: str, classes: list[str], strict: bool, warn: Warner):
+        self.root, self.classes, self.strict, self.warn = root, classes, strict, warn
+        self.skipped: list[dict[str, str]] = []
+        self.hidden = 0
+        self.dirs: dict[tuple[int, int], str] = {_ident(os.stat(root)): root}
+        self.seen_files: dict[tuple[int, int], str] = {}
+
+    def skip(self, path: str, reason: str) -> None:
+        self.warn(path, reason, "skipping")
+        self.skipped.append({"path": path, "reason": reason})
+
+    def _note(self, path: str, reason: str) -> None:
+        if self.strict:
+            raise DataError(path, reason)
+        self.skip(path, reason)
+
+    def files(self) -> dict[str, list[str]]:
+        """{class: [file paths]} in a deterministic order (real content first, then what links lead to)."""
+        out: dict[str, list[str]] = {c: [] for c in self.classes}
+        links: dict[str, list[str]] = {c: [] for c in self.classes}
+        for c in self.classes:
+            top = os.path.join(self.root, c)
+            key = _ident(os.stat(top))
+            if key in self.dirs:
+                raise DataError(top, f"class folder is the same folder as {self.dirs[key]!r} (a symbolic link?)")
+            self.dirs[key] = top
+        for c in self.classes:
+            self._list(os.path.join(self.root, c), out[c], links[c])
+        for c in self.classes:
+            queue = links[c]
+            while queue:
+                self._follow(queue.pop(0), out[c], queue)
+        return out
+
+    def _follow(self, link: str, files: list[str], links: list[str]) -> None:
+        try:
+            st = os.stat(link)
+        except OSError as e:
+            return self._note(link, f"broken symbolic link ({e.strerror})")
+        key = _ident(st)
+        if stat.S_ISDIR(st.st_mode):
+            if key in self.dirs:
+                return self._note(link, f"symbolic link to {self.dirs[key]!r}, a folder already read: not followed "
+                                        "(a cycle, or a second path to the same images)")
+            self.dirs[key] = link
+            self._list(link, files, links)
+        else:
+            self._file(link, st, files)
+
+    def _file(self, path: str, st: os.stat_result, files: list[str]) -> None:
+        if not stat.S_ISREG(st.st_mode):
+            return self._note(path, f"not a regular file ({_kind(st.st_mode)}): never opened")
+        key = _ident(st)
+        if key in self.seen_files:
+            return self._note(path, f"the same file as {self.seen_files[key]!r}: counted once")
+        self.seen_files[key] = path
+        files.append(path)
+
+    def _list(self, top: str, files: list[str], links: list[str]) -> None:
+        """Walk the real folders under `top` (files before sub-folders, names sorted); defer symbolic links."""
+        stack = [top]
+        while stack:
+            folder = stack.pop()
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as e:
+                self._note(folder, f"unreadable folder ({e.strerror})")
+                continue
+            subdirs = []
+            for e in entries:
+                if e.name.startswith("."):
+                    self.hidden += 0 if e.is_dir() else 1
+                    continue
+                if e.is_symlink():
+                    links.append(e.path)
+                    continue
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError as err:
+                    self._note(e.path, f"cannot be read ({err.strerror})")
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    key = _ident(st)
+                    if key in self.dirs:  # a bind mount or hard-linked folder back into the tree
+                        self._note(e.path, f"the same folder as {self.dirs[key]!r}: not read twice")
+                        continue
+                    self.dirs[key] = e.path
+                    subdirs.append(e.path)
+                else:
+                    self._file(e.path, st, files)
+            stack.extend(reversed(subdirs))
+
+
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return f"mode {stat.filemode(mode)}"
 
 
 @functools.lru_cache(maxsize=8)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,11 +25,12 @@ from ..config import to_hw
 from ..preprocess import Preprocess, from_stats, resolve
 from .batch_augment import norm_stats
 from .config import DataConfig
+from .errors import DataError
 from .stream import randaugment_op
 
 
-class BadImageError(ValueError):
-    """A file that is not a decodable, acceptable image; the message names it and says why."""
+class BadImageError(DataError):
+    """A file (or tar member) that is not a decodable, acceptable image; the message names it and says why."""
 
 
 class BadImageWarning(UserWarning):
@@ -56,6 +58,7 @@ def decode_image(src: str | bytes, in_chans: int, *, max_pixels: int | None = No
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
     try:
         if isinstance(src, str):
+            _check_regular(src)
             with open(src, "rb") as f:  # read once; nothing is left open whatever happens next
                 src = f.read()
         with warnings.catch_warnings():
@@ -97,10 +100,23 @@ def to_mode(img: Image.Image, mode: str) -> Image.Image:
     return img.convert(mode)
 
 
+def _check_regular(path: str) -> None:
+    """Raise BadImageError unless `path` is a regular file (or a link to one): opening a FIFO blocks forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # open() says so, as before
+    except OSError as e:
+        raise BadImageError(f"{path}: cannot be read ({e.strerror})") from e
+    if not stat.S_ISREG(mode):
+        raise BadImageError(f"{path}: not a regular file ({stat.filemode(mode)}): never opened")
+
+
 def verify_image(path: str, *, max_pixels: int | None = None) -> str | None:
     """Cheap up-front check (header + PIL verify, no full decode). Returns the reason it is bad, or None."""
     limit = max_pixels or Image.MAX_IMAGE_PIXELS
     try:
+        _check_regular(path)
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
@@ -109,6 +125,8 @@ def verify_image(path: str, *, max_pixels: int | None = None) -> str | None:
                 img.verify()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         return f"refused as a decompression bomb ({e})"
+    except BadImageError as e:
+        return e.reason
     except UnidentifiedImageError:
         return "not an image file PIL can identify"
     except (OSError, SyntaxError, ValueError, EOFError) as e:
@@ -286,7 +304,7 @@ def load_images(
     for p in paths:
         if os.path.isdir(p):
             raise BadImageError(f"{p}: is a directory, not an image file")
-        if not os.path.isfile(p):
+        if not os.path.exists(p):
             raise BadImageError(f"{p}: no such file")
         out.append(tf(decode_image(p, in_chans, max_pixels=max_pixels)))
     return torch.stack(out)  # (B, C, H, W)

@@ -12,8 +12,11 @@ A sample is the tar members sharing a key: an image (.jpg/.jpeg/.png/.webp/...) 
 - each sample is augmented under the seed (seed, e, r, t, position), so resuming at (e, t) re-reads the raw
   bytes before t (no decoding) and then produces exactly the batches an uninterrupted run would have.
 
-Bad samples (undecodable image, missing or malformed label, unreadable tar member) are skipped with a
-warning and counted in the report, or raise in strict mode.
+Bad samples (undecodable image, missing or malformed label) and damaged tar data (a member cut short, a broken
+header, a shard without its end-of-archive marker: everything after the damage is lost) are skipped with a
+warning naming the shard and member or byte offset, and counted in the report, or raise in strict mode
+(`DataError`). Evaluation reports how many samples it expected (data.num_samples, else a count of the shards'
+members; unknown when a shard is damaged or not local) next to how many it read.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from __future__ import annotations
 import os
 import random
 import tarfile
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +33,10 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.shardlists import expand_urls
-from webdataset.tariterators import group_by_keys, tar_file_iterator
 
 from .batch_augment import derive_seed
 from .config import DataConfig
+from .errors import DataError
 from .images import BadImageError, decode_image, eval_transform, pil_to_tensor, train_transform
 from .position import Position, epoch_permutation
 from .stream import check_batch_size
@@ -56,39 +60,90 @@ def _split_name(name: str) -> tuple[str, str]:
     return os.path.join(os.path.dirname(name), head), ext.lower() if dot else ""
 
 
-def count_local_shards(shards: list[str]) -> tuple[int, int, list[int]]:
+TAR_ERRORS = (tarfile.TarError, OSError, EOFError, zlib.error)  # what a damaged (or damaged gzipped) tar raises
+TAIL_CHUNK = 1 << 20
+
+
+@dataclass
+class ShardCount:
+    """What a count pass over local shards found.
+
+    Attributes:
+        total: Samples with an image member, in the readable part of the shards.
+        num_classes: Largest label + 1.
+        per_shard: Samples per shard.
+        damaged: {"path", "reason"} of each damaged shard (the samples after the damage are not counted).
+    """
+
+    total: int
+    num_classes: int
+    per_shard: list[int]
+    damaged: list[dict[str, str]]
+
+
+def _end_damage(read_rest: Callable[[int], bytes], offset: int, stop_block_read: bool) -> str | None:
+    """Why a tar that tarfile says has ended at header `offset` is damaged, or None for a proper end.
+
+    tarfile ends silently at a broken or cut header after the first member; a real end is the end-of-archive
+    marker: zero blocks to the end of the file (two at least). `read_rest(n)` reads on from the header at
+    `offset` (or from the block after it if `stop_block_read`: tarfile's stream mode has consumed it).
+    """
+    rest, nonzero = 0, False
+    while chunk := read_rest(TAIL_CHUNK):
+        rest += len(chunk)
+        nonzero = nonzero or chunk.count(0) != len(chunk)
+    if nonzero:
+        return f"broken tar header at byte {offset}: the bytes after it are unreadable (samples lost)"
+    if rest < (1 if stop_block_read else 2) * tarfile.BLOCKSIZE:
+        return f"cut short at byte {offset}: no end-of-archive marker (samples after it lost)"
+    return None
+
+
+def count_local_shards(shards: list[str], strict: bool = False) -> ShardCount:
     """Read the tar headers (and the small label members) of local shards.
 
-    Returns:
-        (samples with an image, number of classes = largest label + 1, samples per shard).
+    A damaged shard (cut short, a broken header) is counted up to the damage and listed in `damaged`; in strict
+    mode it raises DataError instead.
     """
-    total, max_label, per_shard = 0, -1, []
+    total, max_label, per_shard, damaged = 0, -1, [], []
     for shard in shards:
         if not os.path.isfile(shard):
             raise FileNotFoundError(f"shard {shard!r} does not exist")
         keys_with_image, labels = set(), {}
+        where = 0
         try:
             with tarfile.open(shard, "r:*") as tar:
-                for m in tar:
-                    if not m.isfile():
-                        continue
-                    key, ext = _split_name(m.name)
-                    if ext in IMAGE_EXTS:
-                        keys_with_image.add(key)
-                    elif ext in LABEL_EXTS:
-                        f = tar.extractfile(m)
-                        try:
-                            labels[key] = int(f.read(32).decode("ascii").strip()) if f else -1
-                        except ValueError:
-                            labels[key] = -1
-        except (tarfile.TarError, OSError) as e:
-            raise ValueError(f"shard {shard!r} is not a readable tar file ({e})") from e
+                try:
+                    while (m := tar.next()) is not None:
+                        where = m.offset_data + m.size
+                        if not m.isfile():
+                            continue
+                        key, ext = _split_name(m.name)
+                        if ext in IMAGE_EXTS:
+                            keys_with_image.add(key)
+                        elif ext in LABEL_EXTS:
+                            f = tar.extractfile(m)
+                            try:
+                                labels[key] = int(f.read(32).decode("ascii").strip()) if f else -1
+                            except (ValueError, UnicodeDecodeError):
+                                labels[key] = -1
+                    assert tar.fileobj is not None
+                    tar.fileobj.seek(tar.offset)
+                    reason = _end_damage(tar.fileobj.read, tar.offset, False)
+                except TAR_ERRORS as e:
+                    reason = f"cut short or corrupt after byte {where} ({e}; samples lost)"
+        except TAR_ERRORS as e:  # not even the first header reads
+            reason = f"not a readable tar file ({e})"
+        if reason is not None:
+            if strict:
+                raise DataError(shard, reason)
+            damaged.append({"path": shard, "reason": reason})
         n = len(keys_with_image)
         per_shard.append(n)
         total += n
         good = [labels[k] for k in keys_with_image if labels.get(k, -1) >= 0]
         max_label = max([max_label, *good])
-    return total, max_label + 1, per_shard
+    return ShardCount(total, max_label + 1, per_shard, damaged)
 
 
 def _is_local(shards: list[str]) -> bool:
@@ -101,34 +156,64 @@ def _is_local(shards: list[str]) -> bool:
     return True
 
 
-class _RecordingHandler:
-    """webdataset error handler: note the exception against its shard (or re-raise in strict mode), go on."""
-
-    def __init__(self, shard: str, strict: bool, notes: list[tuple[str, str]]):
-        self.shard, self.strict, self.notes = shard, strict, notes
-
-    def __call__(self, exn: Exception) -> bool:
-        if self.strict:
-            raise exn
-        self.notes.append((self.shard, f"unreadable tar data ({exn!r})"))
-        return True
+def _tar_members(shard: str, notes: list[tuple[str, str]]) -> Iterator[tuple[str, bytes]]:
+    """(name, bytes) of the file members of one shard, read in order (tarfile's stream mode: local paths, URLs
+    and pipes alike). Damage ends the shard with a note: a member cut short is named, a broken header or a
+    missing end-of-archive marker is placed by its byte offset."""
+    with wds.gopen(shard) as stream:
+        tar: tarfile.TarFile | None = None
+        name = None
+        try:
+            tar = tarfile.open(fileobj=stream, mode="r|*")
+            while (m := tar.next()) is not None:
+                name = m.name
+                if not m.isfile():
+                    continue
+                f = tar.extractfile(m)
+                data = f.read() if f else b""
+                if len(data) != m.size:
+                    notes.append((f"{shard}:{m.name}", f"tar member cut short: {len(data)} of {m.size} bytes"))
+                    return
+                yield m.name, data
+            assert tar.fileobj is not None
+            reason = _end_damage(tar.fileobj.read, tar.offset, True)
+        except TAR_ERRORS as e:
+            at = f"at byte {tar.offset}, after member {name!r}" if tar is not None and name else "at its start"
+            reason = f"tar data cut short or corrupt {at} ({e})"
+        if reason is not None:
+            notes.append((shard, reason))
 
 
 def _raw_samples(shards: list[str], strict: bool, notes: list) -> Iterator[dict[str, Any]]:
-    """Samples (dicts of member bytes) of the shards, in order, through webdataset's tar reader and grouper.
+    """Samples (dicts of member bytes, keyed by extension, plus __key__ and __url__) of the shards, in order.
 
-    Each shard is opened in a `with` block, so a stream abandoned mid-shard still closes its file.
+    A sample is the run of consecutive members sharing a key (webdataset's grouping). Damaged tar data is noted
+    (see `_tar_members`), or raises DataError in strict mode. Each shard's file is closed by a `with` block, so a
+    stream abandoned mid-shard still closes it.
     """
     for shard in shards:
-        handler = _RecordingHandler(shard, strict, notes)
+        mine: list[tuple[str, str]] = []
+        sample: dict[str, Any] | None = None
         try:
-            stream = wds.gopen(shard)
-        except Exception as e:
-            handler(e)
-            continue
-        with stream:
-            files = ({**f, "__url__": shard} for f in tar_file_iterator(stream, handler=handler))
-            yield from group_by_keys(files, handler=handler)
+            for name, data in _tar_members(shard, mine):
+                key, ext = _split_name(name)
+                if sample is None or key != sample["__key__"]:
+                    if sample is not None:
+                        yield sample
+                    sample = {"__key__": key, "__url__": shard}
+                if ext in sample:
+                    mine.append((f"{shard}:{name}", f"duplicate member {ext!r} for key {key!r}: ignored"))
+                    continue
+                sample[ext] = data
+        except FileNotFoundError:
+            raise
+        except OSError as e:  # gopen of a URL or pipe
+            mine.append((shard, f"cannot be read ({e})"))
+        if sample is not None:
+            yield sample
+        if mine and strict:
+            raise DataError(*mine[0])
+        notes += mine
 
 
 def _shuffled(samples: Iterator[dict[str, Any]], bufsize: int, seed: int) -> Iterator[dict[str, Any]]:
@@ -254,8 +339,10 @@ class WebDatasetTrainStream(WorkerTrainStream):
     def __init__(self, cfg: DataConfig, *, img_size, in_chans: int, **kw: Any):
         self.cfg, self.in_chans = cfg, in_chans
         self.shards = expand_shards(cfg.root or "")  # DataConfig requires a root for webdataset
+        damaged: list[dict[str, str]] = []
         if _is_local(self.shards):
-            total, num_classes, per_shard = count_local_shards(self.shards)
+            count = count_local_shards(self.shards, strict=cfg.strict)  # the reads note the damage, once
+            total, num_classes, per_shard, damaged = count.total, count.num_classes, count.per_shard, count.damaged
         elif cfg.num_samples is None or cfg.num_classes is None:
             raise ValueError("webdataset shards that are not local files need data.num_samples and data.num_classes")
         else:
@@ -270,7 +357,8 @@ class WebDatasetTrainStream(WorkerTrainStream):
             raise ValueError(f"data.class_names has {len(classes)} names for {num_classes} classes")
         super().__init__(name="webdataset", classes=classes, epoch_size=cfg.num_samples or total,
                          report={"dataset": "webdataset", "shards": len(self.shards), "samples": total,
-                                 "samples_per_shard": per_shard, "skipped": [], "num_skipped": 0}, **kw)
+                                 "samples_per_shard": per_shard, "damaged_shards": damaged, "skipped": [],
+                                 "num_skipped": 0}, **kw)
         self.logical_workers = max(1, cfg.num_workers)
         if len(self.shards) < self.world_size * self.logical_workers:
             raise ValueError(
@@ -278,7 +366,9 @@ class WebDatasetTrainStream(WorkerTrainStream):
                 "workers; write more shards or use fewer workers"
             )
         self.transform = train_transform(cfg, img_size, in_chans)
-        self.bad = BadSamples("webdataset stream", self.report, "skipped", "skipping", count_key="num_skipped")
+        # once: a bad sample or damaged shard met again in a later epoch is not reported (or counted) again
+        self.bad = BadSamples("webdataset stream", self.report, "skipped", "skipping", count_key="num_skipped",
+                              once=True)
 
     def _loader(self, pos: Position) -> Iterator:
         plan = _Plan(self.cfg, self.shards, self.seed, self.rank, self.world_size, self.batch_size,
@@ -323,16 +413,28 @@ class WebDatasetEvalData(WorkerEvalData):
         check_batch_size(batch_size)
         self.cfg, self.in_chans, self.batch_size = cfg, in_chans, batch_size
         self.shards = expand_shards(cfg.test_root)
-        total, num_classes = (count_local_shards(self.shards)[:2] if _is_local(self.shards)
-                              else (cfg.num_samples or 0, cfg.num_classes or 0))
+        if _is_local(self.shards):
+            count = count_local_shards(self.shards, strict=cfg.strict)
+            total, num_classes = count.total, count.num_classes
+            if cfg.num_samples is not None:
+                expected, source = cfg.num_samples, "data.num_samples"
+            elif count.damaged:
+                expected, source = None, (f"unknown: {len(count.damaged)} damaged shard(s) hide how many samples "
+                                          f"they held (the readable parts hold {total}); set data.num_samples")
+            else:
+                expected, source = total, "a count of the shards' tar members"
+        else:
+            total, num_classes = cfg.num_samples or 0, cfg.num_classes or 0
+            expected, source = cfg.num_samples, ("data.num_samples" if cfg.num_samples else
+                                                 "unknown: the shards are not local files; set data.num_samples")
         num_classes = cfg.num_classes or num_classes
         self.classes = list(cfg.class_names) if cfg.class_names else [str(i) for i in range(num_classes)]
         self.num_samples = total
         self.transform = eval_transform(img_size, in_chans, normalize=cfg.normalize, resize=cfg.eval_resize,
                                         crop_fraction=cfg.eval_crop_fraction)
         self.report = {"dataset": "webdataset", "split": "test", "shards": len(self.shards), "samples": total,
-                       "skipped": []}
-        self.bad = BadSamples("webdataset evaluation", self.report, "skipped", "dropped")
+                       "expected_samples": expected, "expected_from": source, "skipped": [], "num_skipped": 0}
+        self.bad = BadSamples("webdataset evaluation", self.report, "skipped", "dropped", count_key="num_skipped")
 
     def _loader(self) -> DataLoader:
         nw = min(self.cfg.num_workers, len(self.shards))

@@ -20,6 +20,15 @@ from .position import Position
 from .stream import Batch, EvalData, TrainStream, one_thread
 
 MAX_WARNINGS = 20  # individual warnings per scan / stream; the rest are summarised and all are in the report
+MAX_REPORTED = 100  # skipped files listed in report.json (all of them are counted)
+BAD_KEYS = ("skipped", "dropped_at_load", "replaced_at_load")  # the reports' lists of {"path", "reason"}
+
+
+def skipped_summary(report: dict[str, Any] | None) -> dict[str, Any]:
+    """The bad files of a data report, for report.json: {"num_skipped": all of them, "skipped": the first
+    MAX_REPORTED {"path", "reason"} entries} (found at the scan, or dropped / replaced when decoded)."""
+    entries = [e for k in BAD_KEYS for e in (report or {}).get(k, [])]
+    return {"num_skipped": len(entries), "skipped": entries[:MAX_REPORTED]}
 
 
 class Warner:

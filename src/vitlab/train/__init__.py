@@ -7,8 +7,8 @@ and the run report.
 """
 
 from ..evaluate import EvalResult, evaluate
-from .checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
-from .loop import NonFiniteError, RunDirError, TrainResult, build_model, train, train_step
+from .checkpoint import latest_checkpoint, list_checkpoints, load_latest_checkpoint, save_checkpoint
+from .loop import NonFiniteError, RunDirError, RunLockedError, TrainResult, build_model, train, train_step
 from .optim import build_optimizer, param_groups
 from .recipe import Recipe, apply_overrides, load_recipe
 from .schedule import lr_at
@@ -18,6 +18,7 @@ __all__ = [
     "NonFiniteError",
     "Recipe",
     "RunDirError",
+    "RunLockedError",
     "TrainResult",
     "apply_overrides",
     "build_model",
@@ -25,6 +26,7 @@ __all__ = [
     "evaluate",
     "latest_checkpoint",
     "list_checkpoints",
+    "load_latest_checkpoint",
     "load_recipe",
     "lr_at",
     "param_groups",

@@ -17,6 +17,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +94,75 @@ def load_state(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"could not load training state {path}: {type(e).__name__}: {e}") from e
 
 
-def latest_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[int, Path, dict[str, Any]] | None:
-    """(step, weights path, state) of the newest checkpoint that loads; older ones are tried if it does not."""
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint whose two files loaded: its step, weights path, weights (state dict) and training state."""
+
+    step: int
+    weights_path: Path
+    weights: dict[str, torch.Tensor]
+    state: dict[str, Any]
+
+
+def _weights_header(path: Path) -> dict[str, torch.Tensor]:
+    """Open the weights file's header only: a truncated or foreign file fails here, without reading the tensors."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        f.keys()
+    return {}
+
+
+def _load_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """The weights of a checkpoint; ValueError naming the file when it is damaged or holds non-finite values."""
+    from safetensors.torch import load_file
+
+    try:
+        weights = load_file(str(path), device=str(device))
+    except Exception as e:  # safetensors raises its own SafetensorError (not an OSError) for a damaged file
+        raise ValueError(f"could not load checkpoint weights {path}: {type(e).__name__}: {e}") from e
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"checkpoint weights {path} hold non-finite values ({', '.join(bad[:3])})")
+    return weights
+
+
+def _newest_readable(ckpt_dir: str | os.PathLike, read_weights: Callable[[Path], dict[str, torch.Tensor]],
+                     stacklevel: int) -> LoadedCheckpoint | None:
+    """The newest checkpoint whose state file and weights (read with `read_weights`) load; each one skipped on the
+    way is named in a warning."""
     for step in reversed(list_checkpoints(ckpt_dir)):
-        weights, state_path = checkpoint_paths(ckpt_dir, step)
+        weights_path, state_path = checkpoint_paths(ckpt_dir, step)
         try:
             state = load_state(state_path)
-        except ValueError as e:
-            warnings.warn(f"skipping unreadable checkpoint: {e}", stacklevel=2)
+            if state.get("step") != step:
+                raise ValueError(f"{state_path} says step {state.get('step')}")
+            weights = read_weights(weights_path)
+        except (ValueError, OSError) as e:
+            warnings.warn(f"skipping unreadable checkpoint of step {step}: {e}", stacklevel=stacklevel)
             continue
-        if state.get("step") != step:
-            warnings.warn(f"skipping checkpoint {state_path}: it says step {state.get('step')}", stacklevel=2)
-            continue
-        return step, weights, state
+        return LoadedCheckpoint(step, weights_path, weights, state)
     return None
+
+
+def latest_checkpoint(ckpt_dir: str | os.PathLike) -> tuple[int, Path, dict[str, Any]] | None:
+    """(step, weights path, state) of the newest checkpoint that loads; older ones are tried (with a warning
+    naming the damaged file) if it does not. The weights file is checked as far as its header (a truncated file
+    fails there); `load_latest_checkpoint` also reads the tensors."""
+
+    def header(path: Path) -> dict[str, torch.Tensor]:
+        try:
+            return _weights_header(path)
+        except Exception as e:  # SafetensorError, OSError
+            raise ValueError(f"could not load checkpoint weights {path}: {type(e).__name__}: {e}") from e
+
+    found = _newest_readable(ckpt_dir, header, stacklevel=3)
+    return None if found is None else (found.step, found.weights_path, found.state)
+
+
+def load_latest_checkpoint(ckpt_dir: str | os.PathLike, device: str | torch.device = "cpu"
+                           ) -> LoadedCheckpoint | None:
+    """The newest checkpoint whose state file and weights both load and whose weights are finite, with its
+    weights on `device` (what a resume continues from); older ones are tried, with a warning naming the damaged
+    file, if it does not."""
+    return _newest_readable(ckpt_dir, lambda p: _load_weights(p, device), stacklevel=3)

@@ -3,8 +3,10 @@ in one screen: step, log, evaluate, run the evaluators, checkpoint, stop on a si
 
 It never loses work: checkpoints are atomic, SIGTERM and Ctrl-C finish the current step and save, a non-finite
 step is skipped (never applied) and many in a row stop the run with the last good checkpoint kept, and
-`resume=True` continues exactly. The log rows carry images/s, MFU and the ETA (`meter.py`), and the recipe's
-`train.evaluators` (e.g. the few-shot linear probe) run at their declared steps (`evaluators.py`).
+`resume=True` continues exactly (from the newest checkpoint that loads). One process at a time trains in a run
+directory: it holds the directory's lock (`rundir.RunLock`) from its checks to its report. The log rows carry
+images/s, MFU and the ETA (`meter.py`), and the recipe's `train.evaluators` (e.g. the few-shot linear probe) run at
+their declared steps (`evaluators.py`).
 
 Where the rest lives: `run.py` (the run object), `step.py` (one optimizer step), `build.py` (model and data
 configuration), `rundir.py`, `rng.py`, `vitlab.precision`, `vitlab.evaluate`.
@@ -23,13 +25,14 @@ import torch
 from ..allocator import keep_freed_memory
 from ..evaluate import evaluate
 from .build import build_model, data_config_with_init, init_preprocess
-from .distributed import all_true, barrier, setup_distributed, teardown_distributed
+from .checkpoint import list_checkpoints
+from .distributed import DistInfo, all_true, barrier, setup_distributed, teardown_distributed
 from .recipe import Recipe
 from .run import NonFiniteError, Run, TrainResult
-from .rundir import RunDirError, check_run_dir, check_same_recipe
+from .rundir import RunDirError, RunLock, RunLockedError, check_run_dir, check_same_recipe, remove_stale_temps
 from .step import StepResult, resize_batch, train_step
 
-__all__ = ["NonFiniteError", "Run", "RunDirError", "StepResult", "TrainResult", "build_model",
+__all__ = ["NonFiniteError", "Run", "RunDirError", "RunLockedError", "StepResult", "TrainResult", "build_model",
            "data_config_with_init", "evaluate", "init_preprocess", "resize_batch", "train", "train_step"]
 
 
@@ -97,7 +100,8 @@ def train(
     Args:
         recipe: The recipe (its `train.precision` defaults to "auto").
         run_dir: Where checkpoints, metrics.jsonl, TensorBoard logs, the final model and the report go.
-        resume: Continue the run in `run_dir` from its latest checkpoint.
+        resume: Continue the run in `run_dir` from its latest checkpoint that loads (a damaged newer one is
+            skipped with a warning); a run stopped before its first checkpoint starts again from step 0.
         progress: Show a tqdm progress bar (main process only).
         device: "cpu" / "cuda"; None picks CUDA when available.
         on_step: Called after every optimizer step with (step, result).
@@ -106,16 +110,38 @@ def train(
 
     Returns:
         A `TrainResult` (report.json holds it too, with the final evaluation summarised).
+
+    Raises:
+        RunLockedError: Another live process trains in `run_dir` (the directory is locked for the whole run).
+        RunDirError: `run_dir` holds a run and `resume` is False, or holds none to resume.
     """
     run_dir = Path(run_dir)
     keep_freed_memory()  # no page-fault storm from re-mmapping activations every step (vitlab/allocator.py)
     info = setup_distributed(device)
+    lock = RunLock(run_dir) if info.is_main else None  # one process trains in a run directory at a time
+    try:
+        if lock is not None:
+            lock.acquire()
+            remove_stale_temps(run_dir)  # holding the lock: no live writer owns them
+            if resume:
+                check_same_recipe(run_dir, recipe)
+            check_run_dir(run_dir, resume)
+        barrier(info)
+        # a --resume of a run stopped before its first checkpoint starts it again (every rank sees the same folder)
+        resume = resume and bool(list_checkpoints(run_dir / "checkpoints"))
+        result = _train(recipe, run_dir, info, resume=resume, progress=progress, on_step=on_step, on_loss=on_loss,
+                        stream=stream, eval_data=eval_data)
+    finally:
+        if lock is not None:
+            lock.release()
+    teardown_distributed(info)  # after a clean finish only: a failed peer would never reach the barrier
+    return result
+
+
+def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progress: bool,
+           on_step: Callable[[int, StepResult], None] | None, on_loss: Callable[[torch.Tensor], torch.Tensor] | None,
+           stream: Any, eval_data: Any) -> TrainResult:
     tr = recipe.train
-    if info.is_main:
-        check_run_dir(run_dir, resume)
-        if resume:
-            check_same_recipe(run_dir, recipe)
-    barrier(info)
     if tr.batch_size % (tr.accum_steps * info.world_size):
         raise ValueError(f"train.batch_size {tr.batch_size} must divide by accum_steps x processes = "
                          f"{tr.accum_steps} x {info.world_size}")
@@ -131,8 +157,6 @@ def train(
                 final_eval = run.evaluate()
                 run.run_evaluators(final=True)
                 run.save()
-        result = run.finish(status, final_eval)
+        return run.finish(status, final_eval)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)
-    teardown_distributed(info)  # after a clean finish only: a failed peer would never reach the barrier
-    return result

@@ -28,19 +28,26 @@ def open_metrics(path: str | Path) -> TextIO:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a metrics.jsonl; a torn last line (a kill mid-write) is ignored, and a resumed run's replayed
-    steps keep only their latest row."""
+    """The rows of a run's metrics.jsonl as every reader should see them (the report, the curves, `train`'s
+    result): one row per (split, step), in step order.
+
+    A resumed run replays the steps after its checkpoint and appends their rows again: the row written last wins.
+    A line torn by a kill mid-write (or anything else that is not a JSON object with an integer step) is skipped.
+    """
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     p = Path(path)
     if not p.is_file():
         return []
-    for line in p.read_text(encoding="utf-8").splitlines():
+    for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
-        rows[(row.get("split", "train"), int(row.get("step", 0)))] = row
-    return sorted(rows.values(), key=lambda r: (r["step"], r.get("split", "")))
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
+            continue
+        row.setdefault("split", "train")
+        rows[(str(row["split"]), row["step"])] = row
+    return sorted(rows.values(), key=lambda r: (r["step"], str(r["split"])))
 
 
 def _median(values: list[float]) -> float | None:

@@ -83,6 +83,8 @@ class TrainResult(Result):
         report: report.md (a completed run, main process), else None.
         images_per_s, mfu: Median training speed over the run's log rows (main process).
         evaluators: The last row of each `train.evaluators` entry, by name.
+        bad_data: Bad files skipped (or replaced) by this process, by data ("train", "eval"): {"num_skipped",
+            "skipped": the first `vitlab.data.workers.MAX_REPORTED` {"path", "reason"}} (main process).
     """
 
     status: str
@@ -102,6 +104,7 @@ class TrainResult(Result):
     images_per_s: float | None = None
     mfu: float | None = None
     evaluators: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bad_data: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Run:
@@ -173,10 +176,8 @@ class Run:
         self.resumed_from: str | None = None
         saved: dict[str, Any] = {}
         if resume:
-            weights_path, saved = resume_point(self.ckpt_dir, info.world_size)
-            from safetensors.torch import load_file
-
-            model.load_state_dict(load_file(str(weights_path), device=str(info.device)), strict=True)
+            weights_path, weights, saved = resume_point(self.ckpt_dir, info.world_size, info.device)
+            model.load_state_dict(weights, strict=True)
             self.resumed_from = str(weights_path)
         self.model = model
         self.net = wrap_model(model, info, tr.parallel)
@@ -218,7 +219,8 @@ class Run:
         from .report import open_metrics
 
         self.metrics_f = open_metrics(self.run_dir / "metrics.jsonl")  # closed in close()
-        self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.state.step if resume else None)
+        # events at and after this step from an earlier process of the run (replayed now) are dropped by TensorBoard
+        self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.state.step)
         if progress:
             from tqdm import tqdm
 
@@ -403,6 +405,10 @@ class Run:
             write_atomic(final_path, lambda p: self._save_weights(
                 p, m, {"step": s.step, "metrics": metrics, "ema": self.ema is not None}), overwrite=True)
             out.model, out.eval, out.eval_split = str(final_path), final_eval, self.tr.eval_split
+            from ..data.workers import skipped_summary
+
+            out.bad_data = {name: skipped_summary(getattr(d, "report", None)) for name, d in
+                            (("train", self.stream), ("eval", self.eval_data)) if d is not None}
             report = {k: v for k, v in out.to_dict().items() if v is not None}
             out.report = str(write_report(self.run_dir, report, self.recipe))
         return out

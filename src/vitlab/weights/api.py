@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Literal, overload
 
@@ -13,11 +14,11 @@ from ..config import RESIZE_MODES, ViTConfig
 from ..hybrid import set_eps
 from ..model import VisionTransformer
 from ..preprocess import resolve as resolve_preprocess
-from . import hub, npz, ours
+from . import hf, hub, npz, ours
 from .apply import apply_state_dict
 from .checkpoint import Checkpoint, read_checkpoint
 from .infer import infer_config
-from .report import LoadReport, WeightsError
+from .report import LoadReport, ShapeMismatchError, WeightsError
 
 log = logging.getLogger("vitlab.weights")
 
@@ -196,8 +197,10 @@ def load_model(
     if overrides:
         cfg = cfg.replace(**overrides)
     try:
-        model = _uninitialised(cfg)
+        model = _uninitialised(cfg, ckpt)
     except ValueError as e:
+        if isinstance(e, WeightsError):
+            raise
         raise WeightsError(f"{ckpt.source}: cannot build the model: {e}") from e
     if model is None:  # it has state outside its state dict, which only its own constructor makes
         model = VisionTransformer(cfg)
@@ -214,12 +217,18 @@ class _NoInit(VisionTransformer):
         pass
 
 
-def _uninitialised(cfg: ViTConfig) -> VisionTransformer | None:
+def _uninitialised(cfg: ViTConfig, ckpt: Checkpoint | None = None) -> VisionTransformer | None:
     """A VisionTransformer with CPU storage that is not initialised: built on the meta device, without
     init_weights (whose random draws cost seconds for the large variants, and on meta a one-time import).
-    None when the model holds tensors a checkpoint does not carry (non-persistent buffers)."""
+    None when the model holds tensors a checkpoint does not carry (non-persistent buffers).
+
+    With `ckpt`, its tensors' shapes are checked against the model's while the model is still on the meta
+    device, so a config that disagrees with the file (a config.json claiming width 131072 beside a small file)
+    fails before any memory is allocated (`check_fits`)."""
     with torch.device("meta"):
         model = _NoInit(cfg)
+    if ckpt is not None:
+        check_fits(model, ckpt)
     if set(model.state_dict()) != {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}:
         return None
     for module in model.modules():  # Module.to_empty would do, but on meta tensors it imports sympy (seconds)
@@ -229,6 +238,71 @@ def _uninitialised(cfg: ViTConfig) -> VisionTransformer | None:
             module.register_buffer(name, torch.empty(b.shape, dtype=b.dtype))
     model.__class__ = VisionTransformer  # type: ignore[assignment]  # a plain VisionTransformer from here on
     return model
+
+
+# Config fields whose values show up as tensor dimensions: a mismatching dimension names its field.
+_SIZE_FIELDS = ("embed_dim", "mlp_dim", "in_chans", "patch_size", "num_classes", "representation_size",
+                "hybrid_width")
+
+
+def check_fits(meta_model: VisionTransformer, ckpt: Checkpoint) -> None:
+    """Raise before the model is allocated when the checkpoint's tensors cannot fill `meta_model` (a model on
+    the meta device): a shape that differs where neither position-embedding resampling nor a new head applies,
+    or a model too large for this machine's memory.
+
+    Raises:
+        ShapeMismatchError: the config (stored, beside the file, or overridden) disagrees with a tensor; the
+            message names the config field(s) and the tensor.
+        WeightsError: the configured model would not fit in memory.
+    """
+    cfg = meta_model.cfg
+    beside = (ckpt.source if ckpt.source.is_dir() else ckpt.source.parent) / "config.json"
+    if ckpt.format == "vitlab":
+        where = "the config stored in the file"
+    elif beside.exists() and (ckpt.config is not None or ckpt.format == "hf"):
+        where = str(beside)
+    else:
+        where = "the config (inferred from the tensors, with the overrides given)"
+    hf_names = {ours: theirs for theirs, ours in hf.CONFIG_FIELDS.items()} if ckpt.format == "hf" else {}
+    target = meta_model.state_dict()
+    first = ("patch_embed.proj.weight", "blocks.0.mlp.fc1.weight")  # the tensors that fix width and MLP size
+    for name, t in sorted(ckpt.state.items(), key=lambda kv: (kv[0] not in first, kv[0])):
+        want = target.get(name)
+        if want is None or name == "pos_embed" or name.startswith("pre_logits."):
+            continue  # unexpected / resampled / dropped: apply_state_dict decides and reports
+        got, need = tuple(t.shape), tuple(want.shape)
+        if name in ("head.weight", "head.bias"):  # another class count is a new head; the input width must fit
+            got, need = got[1:], need[1:]
+        if got == need:
+            continue
+        values = {f: getattr(cfg, f) for f in _SIZE_FIELDS if isinstance(getattr(cfg, f), int)}
+        fields = [f"{hf_names.get(f, f)}={v}" for f, v in values.items() if v in need and v not in got] or \
+                 [f"{hf_names.get(f, f)}={v}" for f, v in values.items() if v in need]
+        raise ShapeMismatchError(
+            f"{ckpt.source}: {where} gives {', '.join(fields) or 'a model'} whose {name} is {tuple(want.shape)}, "
+            f"but the checkpoint's {name} is {tuple(t.shape)}: the config does not describe these weights "
+            "(nothing was allocated)")
+    depth = 1 + max((int(k.split(".")[1]) for k in ckpt.state if k.startswith("blocks.") and
+                     k.split(".")[1].isdigit()), default=-1)
+    if depth and depth != cfg.depth:
+        raise ShapeMismatchError(f"{ckpt.source}: {where} gives {hf_names.get('depth', 'depth')}={cfg.depth}, but the checkpoint has {depth} "
+                                 "blocks (blocks.0 ...): the config does not describe these weights")
+    n_bytes = sum(p.numel() * p.element_size() for p in target.values())
+    available = _memory_bytes()
+    if available is not None and n_bytes > available:
+        shown = ", ".join(f"{f}={getattr(cfg, f)}" for f in ("embed_dim", "depth", "mlp_dim", "num_classes"))
+        raise WeightsError(
+            f"{ckpt.source}: {where} gives a model of {n_bytes / 2**30:.1f} GiB of parameters ({shown}), more than "
+            f"this machine's {available / 2**30:.1f} GiB of memory; the checkpoint holds "
+            f"{sum(t.numel() * t.element_size() for t in ckpt.state.values()) / 2**20:.1f} MiB")
+
+
+def _memory_bytes() -> int | None:
+    """Physical memory of this machine (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:

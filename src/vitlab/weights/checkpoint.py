@@ -191,15 +191,17 @@ def _config_beside(ckpt: Checkpoint) -> None:
     file = base / "config.json"
     if not file.exists():
         return
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise WeightsError(f"{file}: unreadable config.json beside the checkpoint: {e}") from e
+    data = _read_json(file, "config.json beside the checkpoint")
     if hf.is_hf_config(data):
         if ckpt.format != "hf":
             return  # someone else's config; the tensors speak for themselves
         _processor_beside(ckpt, base)
-        known = hf.config_from_hf(data, str(file))
+        try:
+            known = hf.config_from_hf(data, str(file))
+        except (TypeError, ValueError, KeyError, AttributeError) as e:  # values of the wrong type or form
+            if isinstance(e, WeightsError):
+                raise
+            raise WeightsError(f"{file}: bad transformers config.json: {type(e).__name__}: {e}") from e
         if "class_names" in known:
             ckpt.meta["class_names"] = known.pop("class_names")
         ckpt.known.update(known)
@@ -245,10 +247,28 @@ def _processor_beside(ckpt: Checkpoint, base: Path) -> None:
     file = base / "preprocessor_config.json"
     if not file.exists():
         return
+    data = _read_json(file, "preprocessor config beside the checkpoint")
     try:
-        ckpt.preprocess = pp.from_hf_processor(json.loads(file.read_text()), str(file))
-    except (OSError, json.JSONDecodeError, ValueError) as e:
-        raise WeightsError(f"{file}: unreadable preprocessor config beside the checkpoint: {e}") from e
+        ckpt.preprocess = pp.from_hf_processor(data, str(file))
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise WeightsError(f"{file}: bad preprocessor config beside the checkpoint: {type(e).__name__}: {e}") from e
+
+
+def _read_json(file: Path, what: str) -> Any:
+    """A JSON file next to a checkpoint; WeightsError naming it when it is not JSON (or not text at all)."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; absurd nesting
+        kind = safety.sniff(file)
+        looks = "" if kind.name in ("json", "text") else f" (looks like {kind.description})"
+        raise WeightsError(f"{file}: unreadable {what}{looks}: {type(e).__name__}: {_short(e)}") from e
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:200]
 
 
 def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
@@ -258,8 +278,10 @@ def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
         return
     try:
         ckpt.preprocess = pp.from_timm_cfg(data["pretrained_cfg"], f"{file} pretrained_cfg")
-    except ValueError as e:
-        raise WeightsError(str(e)) from e
+    except WeightsError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise WeightsError(f"{file}: bad timm pretrained_cfg: {e}") from e
     arch = str(data.get("architecture", ""))
     m = re.search(r"patch(\d+)_(\d+)", arch)
     if m and "_r50_" not in arch and "resnet" not in arch:  # hybrids name the ResNet stride, not the patch

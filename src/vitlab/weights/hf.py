@@ -50,7 +50,7 @@ _QKV = {"attention.attention.query": 0, "attention.attention.key": 1, "attention
 _BLOCK_RE = re.compile(r"(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)")
 
 # HF config.json field -> ViTConfig field.
-_CONFIG = {
+CONFIG_FIELDS = _CONFIG = {
     "image_size": "img_size",
     "patch_size": "patch_size",
     "num_channels": "in_chans",

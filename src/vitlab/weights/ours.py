@@ -23,6 +23,7 @@ from ..config import ViTConfig
 from ..io import atomic_write
 from ..preprocess import Preprocess
 from .report import WeightsError
+from .safety import sniff
 
 CONFIG_KEY = "vitlab.config"
 META_KEY = "vitlab.meta"
@@ -59,13 +60,41 @@ def save_safetensors(
     return path
 
 
+def _unreadable(path: str | Path, e: BaseException) -> WeightsError:
+    """The error for a file safetensors cannot parse: what the file looks like when it is not one at all."""
+    kind = sniff(path)
+    if kind.name != "safetensors":
+        return WeightsError(f"{path}: not a .safetensors file: looks like {kind.description}")
+    return WeightsError(f"{path}: damaged .safetensors file: {e}")
+
+
 def read_header(path: str | Path) -> dict[str, str]:
     """The raw string metadata of a .safetensors file (empty when it has none)."""
     try:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
     except (SafetensorError, OSError) as e:
-        raise WeightsError(f"could not read {path} as .safetensors: {e}") from e
+        raise _unreadable(path, e) from e
+
+
+def read_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape, from the header alone (no tensor data is read)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118  # safe_open has no iter
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (SafetensorError, OSError) as e:
+        raise _unreadable(path, e) from e
+
+
+def _header_json(path: str | Path, key: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:  # json.JSONDecodeError, and UnicodeDecodeError of a damaged string
+        raise WeightsError(f"{path}: bad {key} in the header (not JSON: {e})") from e
 
 
 def read_config(path: str | Path) -> ViTConfig | None:
@@ -73,13 +102,24 @@ def read_config(path: str | Path) -> ViTConfig | None:
     text = read_header(path).get(CONFIG_KEY)
     if text is None:
         return None
-    return ViTConfig.from_dict(json.loads(text))
+    data = _header_json(path, CONFIG_KEY, text)
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: bad {CONFIG_KEY} in the header: a JSON object expected, got {type(data).__name__}")
+    try:
+        return ViTConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise WeightsError(f"{path}: bad {CONFIG_KEY} in the header: {e}") from e
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
     """The free-form metadata given to `save_weights` (empty when none was given)."""
     text = read_header(path).get(META_KEY)
-    return {} if text is None else json.loads(text)
+    if text is None:
+        return {}
+    data = _header_json(path, META_KEY, text)
+    if not isinstance(data, dict):
+        raise WeightsError(f"{path}: bad {META_KEY} in the header: a JSON object expected, got {type(data).__name__}")
+    return data
 
 
 def read_preprocess(path: str | Path, header: dict[str, str] | None = None) -> Preprocess | None:
@@ -88,8 +128,10 @@ def read_preprocess(path: str | Path, header: dict[str, str] | None = None) -> P
     if text is None:
         return None
     try:
-        return Preprocess.from_dict(json.loads(text))
-    except (ValueError, TypeError) as e:
+        return Preprocess.from_dict(_header_json(path, PREPROCESS_KEY, text))
+    except WeightsError:
+        raise
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise WeightsError(f"{path}: bad {PREPROCESS_KEY} in the header: {e}") from e
 
 
@@ -101,5 +143,7 @@ def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
     """
     try:
         return load(Path(path).read_bytes())
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
     except (SafetensorError, OSError) as e:
-        raise WeightsError(f"could not read {path} as .safetensors: {e}") from e
+        raise _unreadable(path, e) from e

@@ -1,0 +1,140 @@
+"""Property-based fuzzing of every checkpoint reader: a damaged file either loads (and the model then runs) or
+raises `WeightsError` (or a subclass); never a parser's own exception (BadZipFile, EOFError, KeyError,
+UnicodeDecodeError, zlib.error, ...) and never a traceback from inside vitlab.
+
+Each format starts from a real small checkpoint (tests/weights_corpus.py); hypothesis truncates it, flips bits,
+overwrites or inserts bytes (often in the header, where the parsers branch), or damages the config.json /
+preprocessor_config.json beside it. Budgets are small (the whole file runs in seconds); the properties are the
+same at any budget.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import vitlab
+from vitlab.weights import WeightsError, WeightsWarning
+
+from .weights_corpus import BUILDERS, main_file
+
+FUZZ = settings(max_examples=30, deadline=None, database=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("corpus")
+    out = {}
+    for name, build in BUILDERS.items():
+        (root / name).mkdir()
+        out[name] = build(root / name)
+    return out
+
+
+def loads_or_weights_error(path: Path) -> None:
+    """The property: a model that runs, or a WeightsError naming the file."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WeightsWarning)  # dropped pre-logits etc.: legitimate outcomes
+        try:
+            model = vitlab.load_model(path)
+        except WeightsError as e:
+            names = {path.name, path.parent.name} | ({p.name for p in path.iterdir()} if path.is_dir() else set())
+            assert any(n in str(e) for n in names), f"the message does not name the file: {e}"
+            return
+    with torch.no_grad():
+        out = model(torch.zeros(1, model.cfg.in_chans, *model.cfg.img_hw))
+    assert out.shape[0] == 1
+
+
+# A mutation: (kind, position as a fraction of the file, bytes)
+MUTATION = st.tuples(
+    st.sampled_from(["truncate", "flip", "overwrite", "insert", "header_flip"]),
+    st.floats(0, 1, allow_nan=False),
+    st.binary(min_size=1, max_size=16),
+)
+
+
+def mutate(data: bytes, mutation: tuple[str, float, bytes]) -> bytes:
+    kind, where, junk = mutation
+    n = len(data)
+    i = min(int(where * n), n - 1)
+    if kind == "truncate":
+        return data[:i]
+    if kind == "flip":
+        return data[:i] + bytes([data[i] ^ (1 << (junk[0] % 8))]) + data[i + 1:]
+    if kind == "header_flip":  # where every parser branches: magic, lengths, zip local headers, pickle opcodes
+        i = min(int(where * 600), n - 1)
+        return data[:i] + bytes([data[i] ^ junk[0] or 1]) + data[i + 1:]
+    if kind == "overwrite":
+        return data[:i] + junk + data[i + len(junk):]
+    return data[:i] + junk + data[i:]
+
+
+@pytest.mark.parametrize("fmt", sorted(BUILDERS))
+def test_the_undamaged_checkpoint_loads(corpus, fmt):
+    """The control: each starting file is a real checkpoint that loads."""
+    model = vitlab.load_model(corpus[fmt])
+    with torch.no_grad():
+        assert model(torch.zeros(1, 3, *model.cfg.img_hw)).shape == (1, model.cfg.num_classes)
+
+
+@pytest.mark.parametrize("fmt", sorted(BUILDERS))
+def test_damaged_weights_file(corpus, fmt):
+    path = corpus[fmt]
+    file = main_file(path)
+    original = file.read_bytes()
+
+    @FUZZ
+    @given(mutation=MUTATION)
+    def check(mutation):
+        file.write_bytes(mutate(original, mutation))
+        try:
+            loads_or_weights_error(path)
+        finally:
+            file.write_bytes(original)
+
+    check()
+
+
+@pytest.mark.parametrize("fmt", ["hf_dir", "hf_bin_dir", "safetensors_config_beside"])
+@pytest.mark.parametrize("side", ["config.json", "preprocessor_config.json"])
+def test_damaged_config_beside(corpus, fmt, side):
+    path = corpus[fmt]
+    file = (path if path.is_dir() else path.parent) / side
+    if not file.exists():
+        pytest.skip(f"{fmt} has no {side}")
+    original = file.read_bytes()
+
+    @FUZZ
+    @given(mutation=MUTATION)
+    def check(mutation):
+        file.write_bytes(mutate(original, mutation))
+        try:
+            loads_or_weights_error(path)
+        finally:
+            file.write_bytes(original)
+
+    check()
+
+
+MAGICS = [b"", b"PK\x03\x04", b"\x80\x02", b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.", b"\x93NUMPY\x01\x00",
+          b"\x10\x00\x00\x00\x00\x00\x00\x00{", b"\x89PNG\r\n\x1a\n", b"{", b"model:\n"]
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".pth", ".bin", ".pt", ".safetensors", ".ckpt"])
+def test_random_bytes_with_each_suffix(tmp_path, suffix):
+    file = tmp_path / f"weights{suffix}"
+
+    @settings(max_examples=30, deadline=None, database=None, derandomize=True)
+    @given(prefix=st.sampled_from(MAGICS), body=st.binary(max_size=300))
+    def check(prefix, body):
+        file.write_bytes(prefix + body)
+        loads_or_weights_error(file)
+
+    check()
