@@ -74,17 +74,21 @@ def test_links_followed_once_and_files_counted_once(tmp_path):
     os.symlink(outside, root / "cat" / "also_birds")  # a second path to bird's images: not followed
     os.symlink(root / "dog", root / "cat" / "dogs")  # a link to another class: not followed
     os.symlink(root / "dog" / "0.png", root / "cat" / "x.png")  # one file, two paths: counted once (dog)
-    os.link(root / "dog" / "1.png", root / "cat" / "hard.png")  # a hard link: the same file
     os.symlink(root / "nowhere.png", root / "cat" / "broken.png")
     with pytest.warns(BadImageWarning):
         index = scan_tree(str(root))
     assert _by_class(index) == {"bird": ["0.png", "1.png"], "cat": ["0.png", "1.png"],
                                 "dog": ["0.png", "1.png", "2.png"]}
     reasons = {os.path.basename(s["path"]): s["reason"] for s in index.skipped}
-    assert set(reasons) == {"also_birds", "dogs", "x.png", "hard.png", "broken.png"}
+    assert set(reasons) == {"also_birds", "dogs", "x.png", "broken.png"}
     assert "already read" in reasons["dogs"] and "the same file as" in reasons["x.png"]
     assert "broken symbolic link" in reasons["broken.png"]
     assert len(index.paths) == len(set(map(os.path.realpath, index.paths))) == 7
+    # a hard link has no "original": the first path in class order counts, the other is reported
+    os.link(root / "dog" / "1.png", root / "cat" / "hard.png")
+    with pytest.warns(BadImageWarning) as record:
+        assert len(scan_tree(str(root)).paths) == 7
+    assert any("dog/1.png: the same file as" in str(w.message) and "cat/hard.png" in str(w.message) for w in record)
 
 
 def test_two_class_folders_that_are_one_folder_is_an_error(tmp_path):
@@ -146,7 +150,7 @@ def _shards(root, n=N_SHARDS):
         with wds.TarWriter(str(root / f"test-{s:03d}.tar")) as w:
             for i in range(PER_SHARD):
                 w.write({"__key__": f"s{s}_{i:03d}", "png": _png(9 * (s * PER_SHARD + i)), "cls": str(i % 3)})
-    return str(root / "test-{000..%03d}.tar" % (n - 1))
+    return str(root / f"test-{{000..{n - 1:03d}}}.tar")
 
 
 def _damage(root):
@@ -189,7 +193,7 @@ def test_damaged_shards_are_counted_and_named(tmp_path):
     declared = build_eval_data(_eval_cfg(pattern, num_samples=24), "test", img_size=8, in_chans=3, batch_size=5)
     assert declared.report["expected_samples"] == 24
     strict = _eval_cfg(pattern, strict=True)
-    with pytest.raises(DataError, match="test-00[12].tar"):
+    with pytest.raises(DataError, match=r"test-00[12]\.tar"):
         _read_all(build_eval_data(strict, "test", img_size=8, in_chans=3, batch_size=5))
 
 
@@ -220,7 +224,7 @@ def tiny_checkpoint(tmp_path):
 def test_parse_webdataset_spec():
     cfg = parse_data_spec("webdataset:/d/test-{000..002}.tar")
     assert cfg.dataset == "webdataset" and cfg.root == cfg.test_root == "/d/test-{000..002}.tar"
-    with pytest.raises(ValueError, match="empty root|shard pattern"):
+    with pytest.raises(ValueError, match=r"empty root|shard pattern"):
         parse_data_spec("webdataset")
 
 
@@ -239,9 +243,13 @@ def test_eval_cli_reads_the_webdataset_shorthand(tmp_path, tiny_checkpoint, caps
     assert r["num_samples"] == r["expected_samples"] == N_SHARDS * PER_SHARD
     assert r["num_skipped"] == 0 and r["skipped"] == []
     _damage(tmp_path / "shards")
-    with pytest.warns(BadImageWarning, match="evaluated .* of|broken tar header"):
+    with pytest.warns(BadImageWarning) as record:
         r = _eval_json([tiny_checkpoint, "--data", f"webdataset:{pattern}"], capsys)
+    assert any("broken tar header" in str(w.message) for w in record)
     assert r["num_samples"] < N_SHARDS * PER_SHARD and r["expected_samples"] is None
+    with pytest.warns(BadImageWarning):  # the text output says so too
+        assert main(["eval", tiny_checkpoint, "--data", f"webdataset:{pattern}", "--device", "cpu"]) == 0
+    assert f"read {r['num_samples']} images of an unknown number" in capsys.readouterr().out
     assert "unknown" in r["expected_from"] and r["num_skipped"] >= 2
     assert any("test-002.tar" in e["path"] for e in r["skipped"])
 
@@ -289,3 +297,15 @@ def test_training_report_json_lists_the_skipped_files(tmp_path):
         assert report["bad_data"][part]["skipped"][0]["path"] == str(root / "a" / "junk.png")
     assert result.bad_data == report["bad_data"]
     assert np.isfinite(report["final"]["top1"])
+
+
+@pytest.mark.filterwarnings("ignore:.*preprocessing.*")
+def test_eval_warns_when_it_saw_fewer_samples_than_expected(tmp_path, tiny_checkpoint, capsys):
+    root = _tree(tmp_path / "t", {"a": 2, "b": 2, "c": 2})
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
+    (root / "c" / "cut.jpg").write_bytes(buf.getvalue()[:-200])  # passes the scan (verify), fails to decode
+    with pytest.warns(BadImageWarning) as record:
+        r = _eval_json([tiny_checkpoint, "--data", f"imagefolder:{root}"], capsys)
+    assert (r["num_samples"], r["expected_samples"], r["num_skipped"]) == (6, 7, 1)
+    assert any("evaluated 6 of the 7 samples expected" in str(w.message) for w in record)

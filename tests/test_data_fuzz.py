@@ -79,7 +79,7 @@ def test_idx_mutated_valid_files(shape, type_byte, muts, gz):
 def test_idx_huge_declared_size_is_refused_before_allocating(gz):
     # 4 dimensions of 2^32 - 1: ~3e38 bytes declared by a file of a few bytes
     blob = bytes([0, 0, 0x08, 4]) + b"\xff" * 16 + b"xy"
-    with pytest.raises(DataError, match="needs|more than"):
+    with pytest.raises(DataError, match=r"needs|more than"):
         read_idx_bytes(gzip.compress(blob) if gz else blob)
 
 

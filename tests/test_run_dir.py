@@ -208,7 +208,7 @@ def test_run_killed_before_its_first_checkpoint_can_be_resumed(tmp_path, capsys)
     assert (run / "recipe.yaml").is_file() and (run / "metrics.jsonl").is_file()
     assert list_checkpoints(run / "checkpoints") == []
     # a new run there is refused, and says what works; --resume starts it again from step 0
-    with pytest.raises(RunDirError, match=r"no checkpoint yet\); pass --resume to continue it \(from step 0"):
+    with pytest.raises(RunDirError, match=r"no checkpoint yet: pass --resume to start it again from step 0"):
         train(_recipe(checkpoint_every=0), run, progress=False)
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({**RECIPE, "train": {**RECIPE["train"], "checkpoint_every": 0}}))

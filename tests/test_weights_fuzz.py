@@ -102,13 +102,13 @@ def test_damaged_weights_file(corpus, fmt):
     check()
 
 
-@pytest.mark.parametrize("fmt", ["hf_dir", "hf_bin_dir", "safetensors_config_beside"])
-@pytest.mark.parametrize("side", ["config.json", "preprocessor_config.json"])
+@pytest.mark.parametrize(("fmt", "side"), [
+    ("hf_dir", "config.json"), ("hf_dir", "preprocessor_config.json"), ("hf_bin_dir", "config.json"),
+    ("hf_bin_dir", "preprocessor_config.json"), ("safetensors_config_beside", "config.json")])
 def test_damaged_config_beside(corpus, fmt, side):
     path = corpus[fmt]
     file = (path if path.is_dir() else path.parent) / side
-    if not file.exists():
-        pytest.skip(f"{fmt} has no {side}")
+    assert file.exists()
     original = file.read_bytes()
 
     @FUZZ
@@ -138,3 +138,117 @@ def test_random_bytes_with_each_suffix(tmp_path, suffix):
         loads_or_weights_error(file)
 
     check()
+
+
+# -- well-formed files holding the wrong tensors: what a parser accepts, our converters must still refuse ---------
+
+TENSOR_EDIT = st.lists(st.tuples(
+    st.sampled_from(["drop", "flatten", "add_dim", "dtype", "empty", "rename"]),
+    st.integers(0, 10**6),
+    st.sampled_from(["int64", "bool", "float16", "bfloat16", "float64", "uint8"]),
+), min_size=1, max_size=3)
+
+
+def edit(state: dict, edits: list) -> dict:
+    state = dict(state)
+    for op, pick, dtype in edits:
+        if not state:
+            break
+        k = sorted(state)[pick % len(state)]
+        if op == "drop":
+            del state[k]
+        elif op == "flatten":
+            state[k] = state[k].reshape(-1)
+        elif op == "add_dim":
+            state[k] = state[k][None]
+        elif op == "dtype":
+            state[k] = state[k].astype(dtype) if hasattr(state[k], "astype") and dtype != "bfloat16" else \
+                torch.as_tensor(state[k]).to(getattr(torch, dtype))
+        elif op == "empty":
+            state[k] = state[k].reshape(-1)[:0]
+        else:
+            state[k.replace("0", "7", 1) if "0" in k else k + "x"] = state.pop(k)
+    return state
+
+
+@pytest.mark.parametrize("layout", ["timm", "hf", "torchvision"])
+def test_wrong_tensors_in_a_valid_safetensors(tmp_path, layout):
+    """Before: KeyError / IndexError / ValueError from infer_config, RuntimeError from torch.cat in hf.to_ours."""
+    from safetensors.torch import save_file
+
+    from vitlab.weights import hf, torchvision
+
+    from .weights_corpus import tiny_model
+
+    model = tiny_model()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if layout == "hf":
+        state = hf.from_ours(state, model.cfg)[0]
+    elif layout == "torchvision":
+        state = torchvision.from_ours(state, model.cfg)[0]
+    file = tmp_path / "w.safetensors"
+
+    @FUZZ
+    @given(edits=TENSOR_EDIT)
+    def check(edits):
+        edited = edit(state, edits)
+        if not edited:
+            return
+        save_file({k: v.contiguous() for k, v in edited.items()}, str(file))
+        loads_or_weights_error(file)
+
+    check()
+
+
+@pytest.mark.parametrize("fixture", ["vit_jax/vit_released.npz", "vit_jax/hybrid_released.npz",
+                                     "big_vision/tok_sincos_scan.npz", "big_vision/gap_learn.npz"])
+def test_wrong_arrays_in_a_valid_npz(tmp_path, fixture):
+    """Before: IndexError / ValueError from the layout reshapes and np.concatenate in npz.to_ours."""
+    import numpy as np
+
+    from .weights_corpus import FIXTURES
+
+    with np.load(FIXTURES / fixture) as f:
+        arrays = {k: f[k] for k in f.files}
+    file = tmp_path / "w.npz"
+
+    @FUZZ
+    @given(edits=TENSOR_EDIT)
+    def check(edits):
+        edited = edit(arrays, edits)
+        if not edited:
+            return
+        np.savez(file, **{k: np.asarray(v.float() if isinstance(v, torch.Tensor) else v) for k, v in edited.items()})
+        loads_or_weights_error(file)
+
+    check()
+
+
+def test_damaged_save_pretrained_folder(tmp_path):
+    """`from_pretrained` on a vitlab Hub folder whose config.json is damaged: a model or a WeightsError.
+    Before: UnicodeDecodeError for a config.json that is not text."""
+    from .weights_corpus import tiny_model
+
+    folder = tmp_path / "repo"
+    vitlab.weights.save_pretrained(tiny_model(), folder)
+    file = folder / "config.json"
+    original = file.read_bytes()
+
+    @FUZZ
+    @given(mutation=MUTATION)
+    def check(mutation):
+        file.write_bytes(mutate(original, mutation))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", WeightsWarning)
+            try:
+                model = vitlab.weights.from_pretrained(folder)
+            except WeightsError as e:
+                assert "repo" in str(e)
+                return
+        with torch.no_grad():
+            model(torch.zeros(1, model.cfg.in_chans, *model.cfg.img_hw))
+
+    try:
+        check()
+    finally:
+        file.write_bytes(original)

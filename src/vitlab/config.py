@@ -6,6 +6,7 @@ Variants are data, not functions: one row per model, one `ViTConfig.from_name(na
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import re
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,48 @@ def check_keys(d: Any, valid: Any, what: str, noun: str = "key") -> dict[str, An
     if unknown:
         raise ValueError(f"unknown {what} {noun}(s) {unknown}; valid {noun}s: {names}")
     return dict(d)
+
+
+def check_number(name: str, value: Any, *, lo: float | None = None, hi: float | None = None, integer: bool = False,
+                 allow_none: bool = False, lo_open: bool = False, hi_open: bool = False,
+                 what: str | None = None) -> None:
+    """The one number check of every config field (ViTConfig, the recipe's sections, DataConfig).
+
+    A number is an int or a float, never a bool, and always finite: YAML reads `1e400` and `.inf` as inf and
+    `.nan` as nan, and none of them is a usable learning rate, weight decay, epoch count or epsilon.
+
+    Args:
+        name: The field as the user wrote it ("optim.lr", "ViTConfig.layer_norm_eps"), for the message.
+        value: What was given.
+        lo, hi: Bounds, inclusive unless `lo_open` / `hi_open`.
+        integer: Only Python ints are accepted.
+        allow_none: None is accepted (the field is optional).
+        what: What is expected, for every message ("a probability in [0, 1)"); default: the failed condition.
+
+    Raises:
+        ValueError: "optim.lr must be a finite number, got inf", "train.steps must be >= 1, got 0", ...
+    """
+    if value is None and allow_none:
+        return
+
+    def refuse(expected: str) -> ValueError:
+        return ValueError(f"{name} must be {what or expected}, got {value!r}")
+
+    kind = "an int" if integer else "a finite number"
+    if isinstance(value, bool) or (integer and not isinstance(value, int)):  # numpy ints: json.dumps would fail
+        raise refuse(kind)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise refuse(kind)
+    if lo is not None and (value <= lo if lo_open else value < lo):
+        raise refuse(f"{'>' if lo_open else '>='} {lo:g}")
+    if hi is not None and (value >= hi if hi_open else value > hi):
+        raise refuse(f"{'<' if hi_open else '<='} {hi:g}")
+
+
+def check_bool(name: str, value: Any) -> None:
+    """ValueError unless `value` is True or False (1, "no" and None are not: they would silently mean something)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def to_hw(size: int | Sequence[int], what: str = "img_size") -> tuple[int, int]:
@@ -139,22 +182,23 @@ class ViTConfig:
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistent field."""
 
-        def positive_int(name: str) -> None:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ViTConfig.{name} must be a positive int, got {value!r}")
+        def number(field_name: str, **kw: Any) -> None:
+            check_number(f"ViTConfig.{field_name}", getattr(self, field_name), **kw)
 
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim"):
-            positive_int(name)
-        if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 0:
-            raise ValueError(f"ViTConfig.num_classes must be an int >= 0, got {self.num_classes!r}")
+            number(name, integer=True, lo=1, what="a positive int")
+        number("num_classes", integer=True, lo=0, what="an int >= 0")
+        for name in ("class_token", "qkv_bias"):  # a truthy 1 / "no" would silently build a different model
+            check_bool(f"ViTConfig.{name}", getattr(self, name))
+        if self.name is not None and not isinstance(self.name, str):
+            raise ValueError(f"ViTConfig.name must be a string or None, got {self.name!r}")
         if self.hybrid_layers is not None:
             layers = self.hybrid_layers
             if not isinstance(layers, tuple) or len(layers) > 4 or any(
                     isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in layers):
                 raise ValueError(f"ViTConfig.hybrid_layers must be None or up to 4 positive ints (blocks per ResNet "
                                  f"stage), got {layers!r}")
-            positive_int("hybrid_width")
+            number("hybrid_width", integer=True, lo=1, what="a positive int")
             if self.hybrid_width % 32:
                 raise ValueError(f"ViTConfig.hybrid_width must be a multiple of 32 (GroupNorm's 32 groups), got "
                                  f"{self.hybrid_width}")
@@ -182,19 +226,10 @@ class ViTConfig:
             raise ValueError("ViTConfig.pool='token' needs class_token=True (use pool='gap' without one)")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             raise ValueError(f"ViTConfig.pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
-        if self.representation_size is not None:
-            if isinstance(self.representation_size, bool) or not isinstance(self.representation_size, int):
-                raise ValueError(
-                    f"ViTConfig.representation_size must be None or an int, got {self.representation_size!r}"
-                )
-            if self.representation_size <= 0:
-                raise ValueError(f"ViTConfig.representation_size must be positive, got {self.representation_size}")
-        for name in ("dropout", "attn_dropout", "drop_path"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0.0 <= value < 1.0:
-                raise ValueError(f"ViTConfig.{name} must be a probability in [0, 1), got {value!r}")
-        if not isinstance(self.layer_norm_eps, int | float) or self.layer_norm_eps <= 0:
-            raise ValueError(f"ViTConfig.layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        number("representation_size", integer=True, lo=1, allow_none=True, what="None or a positive int")
+        for name in ("dropout", "attn_dropout", "drop_path"):  # 1 would drop everything
+            number(name, lo=0.0, hi=1.0, hi_open=True, what="a probability in [0, 1)")
+        number("layer_norm_eps", lo=0.0, lo_open=True, what="a finite number > 0")  # nan / inf: outputs nan / 0
 
     # -- derived quantities -------------------------------------------------------------------------
     @property

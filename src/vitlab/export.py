@@ -24,7 +24,7 @@ from torch import nn
 
 from ._extras import require
 from .config import to_hw
-from .io import place
+from .io import output_error, place
 from .model import VisionTransformer
 
 DEFAULT_OPSET = 18
@@ -114,6 +114,11 @@ def export_onnx(
                 raise FileExistsError(f"{dest} appeared while exporting; not replacing it")
             place(f, dest)  # fsync'ed, renamed, folder fsync'ed
             written.append(dest)
+    except Exception as e:
+        err = output_error(path, e)  # a full disk, whatever the exporter raised (while the partial file is there)
+        if err is None or err is e:
+            raise
+        raise err from e
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return ExportReport(path, written, ("batch", cfg.in_chans, h, w), diffs)

@@ -28,8 +28,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-__all__ = ["OutputError", "atomic_write", "check_writable", "default_mode", "fsync_path", "output_error", "place",
-           "write_atomic"]
+__all__ = ["OutputError", "atomic_write", "check_writable", "copytree_atomic", "default_mode", "fsync_path",
+           "output_error", "place", "write_atomic", "writing"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -147,6 +147,19 @@ def output_error(path: str | os.PathLike[str], e: BaseException, *, folder: str 
     if code is None or code not in _WRITE_ERRNOS:
         return None
     return OutputError(path, _reason(code), code)
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Within the block, an error of the disk or folder (see `output_error`) while writing `path` (a file kept
+    open, like a log appended to) is raised as OutputError naming `path`; other errors pass through unchanged."""
+    try:
+        yield
+    except Exception as e:
+        err = output_error(path, e)
+        if err is None or err is e:
+            raise
+        raise err from e
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -312,9 +325,43 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False, mode:
             err = output_error(path, e) if isinstance(e, Exception) else None  # before the space is freed
             if err is None:
                 raise
+            if err is e and e.filename == str(tmp):  # a writer that itself writes atomically: name our file
+                err = OutputError(path, e.strerror or str(e), e.errno)
+            if err is e:
+                raise
             raise err from e
         finally:
             _remove(tmp)
+
+
+def copytree_atomic(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
+    """Copy the folder `src` to `dest` (which must not exist) as one step: into a hidden temporary folder beside
+    `dest`, renamed onto it when complete. A failed copy (a full disk: OutputError) leaves no `dest` and no
+    temporary folder."""
+    import shutil
+
+    dest = Path(dest)
+    if os.path.lexists(dest):
+        raise FileExistsError(f"{dest} already exists")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        err = output_error(dest, e)
+        if err is None:
+            raise
+        raise err from e
+    tmp = dest.with_name(f".tmp-{secrets.token_hex(4)}-{dest.name}")
+    try:
+        shutil.copytree(src, tmp)
+        os.rename(tmp, dest)
+    except Exception as e:
+        err = output_error(dest, e)  # shutil.Error lists the failed files with their "[Errno N] ..." texts
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err is None:
+            raise
+        raise err from e
+    fsync_path(dest.parent, directory=True)
+    return dest
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | bytearray | str | Callable[[Path], object], *,

@@ -27,6 +27,37 @@ if TYPE_CHECKING:
     from .preprocess import Preprocess
 
 
+_EXPECTED = "a float tensor of shape (B, C, H, W), normalised as the weights expect"
+
+
+def check_images(x: object, weight: torch.Tensor) -> None:
+    """TypeError / ValueError in our words for what the model cannot take (metadata only: no sync, no copy).
+
+    Args:
+        x: What was given as images.
+        weight: The first weight the images meet (its dtype and device are what `x` must match).
+    """
+    if not isinstance(x, torch.Tensor):
+        module = type(x).__module__
+        given = type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
+        hint = " (torch.from_numpy(a) makes it one)" if module == "numpy" else ""
+        raise TypeError(f"expected {_EXPECTED}; got {given}{hint}")
+    if x.dtype == torch.uint8:
+        raise TypeError(f"got uint8 pixels; expected {_EXPECTED}: convert with vitlab.data.transforms_for(model) "
+                        f"(PIL images), or scale to [0, 1] and apply model.preprocess's normalisation")
+    if not x.is_floating_point():
+        raise TypeError(f"got a tensor of dtype {str(x.dtype).removeprefix('torch.')}; expected {_EXPECTED}")
+    if x.dim() != 4:
+        raise ValueError(f"expected images of shape (B, C, H, W), got {tuple(x.shape)}")
+    if x.device != weight.device and weight.device.type != "meta":
+        raise ValueError(f"the images are on {x.device} and the model on {weight.device}: move one of them "
+                         f"(images.to(device) or model.to(device))")
+    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        dtype, wdtype = (str(t).removeprefix("torch.") for t in (x.dtype, weight.dtype))
+        raise TypeError(f"got {dtype} images for a {wdtype} model; convert with images.to(torch.{wdtype}) (or run "
+                        f"under torch.autocast)")
+
+
 class PatchEmbed(nn.Module):
     """Cut the image into P x P patches and project each with E (a stride-P convolution is the same map).
     For the hybrid (Sec. 3.1), the patches are cut from a ResNet feature map instead (`vitlab.hybrid`)."""
@@ -46,8 +77,7 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(cin, cfg.embed_dim, cfg.patch_size, stride=cfg.patch_size)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        if x.dim() != 4:
-            raise ValueError(f"expected images of shape (B, C, H, W), got {tuple(x.shape)}")
+        check_images(x, self.proj.weight)
         _, c, h, w = x.shape
         p = self.pixel_patch
         if c != self.in_chans:
@@ -336,6 +366,7 @@ class VisionTransformer(nn.Module):
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        check_images(x, self.patch_embed.proj.weight)  # before x.shape below
         if indices is None:
             wanted = set(range(len(self.blocks)))
         elif isinstance(indices, int):

@@ -81,7 +81,8 @@ class Preprocess:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 value = (value,)
             if not isinstance(value, list | tuple) or not value or not all(_is_num(v) for v in value):
-                raise ValueError(f"preprocess.{name} must be a list of numbers (one per channel), got {value!r}")
+                raise ValueError(f"preprocess.{name} must be a list of finite numbers (one per channel), got "
+                                 f"{value!r}")
             object.__setattr__(self, name, tuple(float(v) for v in value))
         if _is_num(self.crop_fraction):
             object.__setattr__(self, "crop_fraction", float(self.crop_fraction))
@@ -174,7 +175,8 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """An int or a finite float (a nan mean or an inf std in a weights file would make every prediction nan / 0)."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _close(a: tuple[float, ...], b: tuple[float, ...]) -> bool:

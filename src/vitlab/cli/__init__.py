@@ -12,8 +12,16 @@ import argparse
 import importlib
 import sys
 
-from ._common import (INTERRUPTED, HelpFormatter, add_parser, add_verbosity, exit_code_table, logging_to_stderr,
-                      run_command)
+from ._common import (
+    INTERRUPTED,
+    HelpFormatter,
+    add_parser,
+    add_verbosity,
+    exit_code_table,
+    ignore_interrupts_at_exit,
+    logging_to_stderr,
+    run_command,
+)
 
 __all__ = ["COMMANDS", "build_parser", "main", "version"]
 
@@ -72,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     process exits, ends it at once with code 130 (`_common.run_command`). With `argv` (a call from Python, a
     test) the process's signal handling is left as it was.
     """
+    if argv is None:
+        ignore_interrupts_at_exit()
     try:
         args = build_parser().parse_args(argv)
     except KeyboardInterrupt:  # Ctrl-C before the command started

@@ -295,7 +295,8 @@ def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0, *,
     while the process tears down, exits 130 at once and quietly.
     """
     try:
-        code = _run(command, fn, verbose)
+        with _quiet_thread_write_errors():
+            code = _run(command, fn, verbose)
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
         code = INTERRUPTED
     if program:
@@ -303,9 +304,55 @@ def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0, *,
     return code
 
 
+def ignore_interrupts_at_exit() -> None:
+    """Register (call it first thing: atexit runs the last registered first) an exit hook that ignores SIGINT for
+    the rest of the interpreter's shutdown. Python resets its handlers to the default late in the shutdown, and a
+    Ctrl-C then kills the process by the signal (-2 to a parent process, not 130); an ignored signal stays so."""
+    import atexit
+
+    if threading.current_thread() is threading.main_thread():
+        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _quiet_thread_write_errors() -> Iterator[None]:
+    """Within the block, a background thread that dies of a full or read-only disk (TensorBoard's event writer)
+    prints no traceback: the library hands its error to the main thread, which reports it as one line."""
+    old = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if isinstance(args.exc_value, OSError) and args.exc_value.errno in _WRITE_ONLY_ERRNOS:
+            return
+        old(args)
+
+    threading.excepthook = hook
+    try:
+        yield
+    finally:
+        threading.excepthook = old
+
+
+def _flush_stdout() -> None:
+    """Flush stdout now, so that a full disk under `vitlab eval --json > out.json` is reported like any other
+    failed write, not as a traceback when Python flushes at exit (and the exit flush is not tried again)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        from ..io import OutputError
+
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        text = os.strerror(e.errno) if e.errno else str(e)
+        raise OutputError("standard output", text[:1].lower() + text[1:], e.errno) from e
+
+
 def _run(command: str, fn: Callable[[], int | None], verbose: int) -> int:
     try:
-        return int(fn() or OK)
+        code = int(fn() or OK)
+        _flush_stdout()
+        return code
     except KeyboardInterrupt:
         print(f"vitlab {command}: interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import UsageError, add_force, add_model_inputs, add_output, positive, want_progress
+from ._common import UsageError, add_force, add_model_inputs, add_output, check_output, positive, want_progress
 
 HELP = "the paper's figures for a checkpoint: filters, pos-emb similarity, attention"
 DESCRIPTION = """\
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     positive("--batch-size", args.batch_size)
     positive("--components", args.components)
     positive("--num-images", args.num_images)
+    check_output(args.output, folder=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     with progress_bar(total=4, desc="analyze", unit="step", enabled=want_progress(args)) as bar:
         bar.set_postfix_str("loading the checkpoint")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._common import UsageError, add_device, add_img_size, add_output, positive
+from ._common import UsageError, add_device, add_img_size, add_output, check_output, positive
 from .eval import MODES
 
 HELP = "throughput, latency, memory and MFU against timm, transformers, torchvision"
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     positive("--iters", args.iters)
     positive("--warmup", args.warmup, minimum=0)
     positive("--train-batch", args.train_batch, minimum=0)
+    check_output(args.output, folder=True)  # before minutes of measuring
     size = args.img_size
     if isinstance(size, tuple):
         if size[0] != size[1]:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..config import RESIZE_MODES
-from ._common import add_force, add_img_size, add_progress, want_progress
+from ._common import add_force, add_img_size, add_progress, check_output, want_progress
 
 HELP = "convert a checkpoint between vitlab, npz, hf, torchvision and timm formats"
 DESCRIPTION = """\
@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..weights.convert import convert
 
+    check_output(args.dst, folder=args.to == "hf")  # --to hf writes a folder
     overrides = {k: v for k, v in (("img_size", args.img_size), ("num_classes", args.num_classes),
                                    ("num_heads", args.num_heads)) if v is not None}
     result = convert(args.src, args.dst, to=args.to, force=args.force, pos_embed_resize=args.pos_embed_resize,

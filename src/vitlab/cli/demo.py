@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ._common import add_output, add_progress, positive, want_progress
+from ._common import add_output, add_progress, check_output, positive, want_progress
 
 HELP = "the main job: pre-train on Fashion-MNIST, fine-tune at higher resolution, report"
 DESCRIPTION = """\
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.output or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S"))
+    check_output(out, folder=True)
     summary = run_demo(out, Path(args.configs) if args.configs else None, args.overrides, args.data_root,
                        progress=want_progress(args))
     print(f"\npre-train {100 * summary['pretrain']['top1']:.2f}% -> fine-tune "

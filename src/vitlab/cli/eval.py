@@ -56,6 +56,11 @@ def format_result(r: Any) -> str:
     crop = f", centre crop {r['crop_fraction']:g}" if r.get("eval_resize") == "center_crop" else ""
     lines = [f"{r['checkpoint']} on {r['data']} / {r['split']} ({r['num_samples']} images{crop}{tta})",
              f"top-1 {100 * r['top1']:.2f}%   top-5 {100 * r['top5']:.2f}%   loss {r['loss']:.4f}"]
+    expected, skipped = r.get("expected_samples"), r.get("num_skipped", 0)
+    if skipped or expected != r["num_samples"]:  # what was not evaluated (the list is in --json)
+        of = f"of {expected} expected" if expected is not None else f"of an unknown number ({r.get('expected_from')})"
+        lines.append(f"read {r['num_samples']} images {of}; {skipped} bad files or damaged shard parts skipped "
+                     "(--json lists them)")
     if r.get("preprocess"):
         from ..preprocess import Preprocess
 

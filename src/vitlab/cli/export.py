@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ._common import add_force, add_img_size
+from ._common import add_force, add_img_size, check_output
 
 HELP = "export a checkpoint to ONNX with a dynamic batch"
 DESCRIPTION = """\
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from ..export import export_onnx
     from ..weights import load_model
 
+    check_output(args.output, folder=False)
     overrides = {"img_size": args.img_size} if args.img_size is not None else {}
     model = load_model(args.checkpoint, **overrides).float()
     report = export_onnx(model, args.output, opset=args.opset, overwrite=args.force,

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ._common import UsageError, add_force, add_model_inputs, add_output, positive, want_progress
+from ._common import UsageError, add_force, add_model_inputs, add_output, check_output, positive, want_progress
 
 HELP = "few-shot linear evaluation on frozen features"
 DESCRIPTION = """\
@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     positive("--l2-reg", args.l2_reg, minimum=0)
     if any(s < 1 for s in args.shots):
         raise UsageError(f"--shots must be positive, got {args.shots}")
+    check_output(args.output, folder=False)
     if args.output and Path(args.output).exists() and not args.force:
         raise FileExistsError(f"{args.output} already exists; choose another file or pass --force")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -78,6 +79,5 @@ def run(args: argparse.Namespace) -> int:
         out = {"checkpoint": str(args.checkpoint), "data": args.data, "l2_reg": args.l2_reg, "seeds": args.seeds,
                "num_train": len(train_y), "num_test": len(test_y), "num_features": int(train_x.shape[1]),
                "results": [r.to_dict() for r in results]}
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(args.output), json.dumps(out, indent=2).encode(), overwrite=args.force)
     return 0

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._common import INTERRUPTED, add_device, add_output, add_progress
+from ._common import INTERRUPTED, add_device, add_output, add_progress, check_output
 
 HELP = "pre-train or fine-tune from a YAML recipe"
 DESCRIPTION = """\
@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.config, args.overrides)
     run_dir = Path(args.output or Path("runs") / Path(args.config).stem)
+    check_output(run_dir, folder=True)  # a file in the way, a read-only folder: say so before training
     summary = train(recipe, run_dir, resume=args.resume, progress=want_progress(args), device=args.device)
     if not summary["status"].startswith("completed"):  # stopped by a signal, with a checkpoint: exit 130
         print(f"{summary['status']} at step {summary['step']}/{summary['total_steps']}; checkpoint saved. "

@@ -136,6 +136,9 @@ def _get(name: str, output: str | None, *, progress: bool) -> int:
     from ..weights import hub
 
     if output is not None:
+        from ._common import check_output
+
+        check_output(output, folder=True)
         resolved = hub.fetch_to(name, output, progress=progress)
     else:
         resolved = hub.resolve(name, progress=progress)

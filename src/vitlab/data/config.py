@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import check_keys
+from ..config import check_bool, check_keys, check_number
 
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset", "synthetic")
 NORMALIZE = ("inception", "imagenet")
@@ -108,14 +108,14 @@ class DataConfig:
             raise ValueError(f"data.dataset must be one of {DATASETS}, got {self.dataset!r}")
         if self.dataset not in ("fashion_mnist", "synthetic") and not self.root:
             raise ValueError(f"data.root is required for dataset {self.dataset!r}")
-        if not isinstance(self.val_fraction, int | float) or not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction!r}")
+        check_number("data.val_fraction", self.val_fraction, lo=0.0, hi=1.0, hi_open=True, what="in [0, 1)")
+        check_number("data.val_seed", self.val_seed, integer=True, lo=0, what="an int >= 0")
         if self.normalize not in NORMALIZE:
             raise ValueError(f"data.normalize must be one of {NORMALIZE}, got {self.normalize!r}")
         if self.eval_resize not in EVAL_RESIZE:
             raise ValueError(f"data.eval_resize must be one of {EVAL_RESIZE}, got {self.eval_resize!r}")
-        if not 0.0 < self.eval_crop_fraction <= 1.0:
-            raise ValueError(f"data.eval_crop_fraction must be in (0, 1], got {self.eval_crop_fraction!r}")
+        check_number("data.eval_crop_fraction", self.eval_crop_fraction, lo=0.0, hi=1.0, lo_open=True,
+                     what="in (0, 1]")
         lo, hi = _pair("crop_scale", self.crop_scale)
         if not 0.0 < lo <= hi <= 1.0:
             raise ValueError(f"data.crop_scale must satisfy 0 < min <= max <= 1, got {self.crop_scale!r}")
@@ -124,9 +124,7 @@ class DataConfig:
             raise ValueError(f"data.crop_ratio must satisfy 0 < min <= max, got {self.crop_ratio!r}")
         if self.randaugment is not None:
             parse_randaugment(self.randaugment)
-        if isinstance(self.random_erasing, bool) or not isinstance(self.random_erasing, int | float) \
-                or not 0.0 <= self.random_erasing <= 1.0:
-            raise ValueError(f"data.random_erasing must be a probability in [0, 1], got {self.random_erasing!r}")
+        check_number("data.random_erasing", self.random_erasing, lo=0.0, hi=1.0, what="a probability in [0, 1]")
         lo, hi = _pair("erasing_scale", self.erasing_scale)
         if not 0.0 < lo <= hi < 1.0:
             raise ValueError(f"data.erasing_scale must satisfy 0 < min <= max < 1, got {self.erasing_scale!r}")
@@ -135,14 +133,13 @@ class DataConfig:
             raise ValueError(f"data.erasing_ratio must satisfy 0 < min <= max, got {self.erasing_ratio!r}")
         if self.erasing_value not in ERASING_VALUES:
             raise ValueError(f"data.erasing_value must be one of {ERASING_VALUES}, got {self.erasing_value!r}")
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < 0:
-            raise ValueError(f"data.num_workers must be an int >= 0, got {self.num_workers!r}")
-        if not isinstance(self.shuffle_buffer, int) or self.shuffle_buffer < 1:
-            raise ValueError(f"data.shuffle_buffer must be a positive int, got {self.shuffle_buffer!r}")
+        for name in ("expand_channels", "inception_crop", "hflip", "strict", "verify_files"):
+            check_bool(f"data.{name}", getattr(self, name))
+        check_number("data.num_workers", self.num_workers, integer=True, lo=0, what="an int >= 0")
+        check_number("data.shuffle_buffer", self.shuffle_buffer, integer=True, lo=1, what="a positive int")
         for name in ("num_samples", "num_classes", "max_image_pixels"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ValueError(f"data.{name} must be None or a positive int, got {value!r}")
+            check_number(f"data.{name}", getattr(self, name), integer=True, lo=1, allow_none=True,
+                         what="None or a positive int")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -159,8 +156,11 @@ class DataConfig:
 
 
 def _pair(name: str, value: Any) -> tuple[float, float]:
-    if not isinstance(value, tuple | list) or len(value) != 2 or not all(isinstance(v, int | float) for v in value):
+    """A (min, max) field as two finite floats (an inf aspect ratio or scale would reach log() and the crop)."""
+    if not isinstance(value, tuple | list) or len(value) != 2:
         raise ValueError(f"data.{name} must be a pair of numbers, got {value!r}")
+    for i, v in enumerate(value):
+        check_number(f"data.{name}[{i}]", v)
     return float(value[0]), float(value[1])
 
 

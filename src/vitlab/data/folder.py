@@ -196,32 +196,32 @@ class _TreeWalk:
         while stack:
             folder = stack.pop()
             try:
-                entries = sorted(os.scandir(folder), key=lambda e: e.name)
-            except OSError as e:
-                self._note(folder, f"unreadable folder ({e.strerror})")
+                entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+            except OSError as err:
+                self._note(folder, f"unreadable folder ({err.strerror})")
                 continue
             subdirs = []
-            for e in entries:
-                if e.name.startswith("."):
-                    self.hidden += 0 if e.is_dir() else 1
+            for entry in entries:
+                if entry.name.startswith("."):
+                    self.hidden += 0 if entry.is_dir() else 1
                     continue
-                if e.is_symlink():
-                    links.append(e.path)
+                if entry.is_symlink():
+                    links.append(entry.path)
                     continue
                 try:
-                    st = e.stat(follow_symlinks=False)
+                    st = entry.stat(follow_symlinks=False)
                 except OSError as err:
-                    self._note(e.path, f"cannot be read ({err.strerror})")
+                    self._note(entry.path, f"cannot be read ({err.strerror})")
                     continue
                 if stat.S_ISDIR(st.st_mode):
                     key = _ident(st)
-                    if key in self.dirs:  # a bind mount or hard-linked folder back into the tree
-                        self._note(e.path, f"the same folder as {self.dirs[key]!r}: not read twice")
+                    if key in self.dirs:  # a bind mount back into the tree
+                        self._note(entry.path, f"the same folder as {self.dirs[key]!r}: not read twice")
                         continue
-                    self.dirs[key] = e.path
-                    subdirs.append(e.path)
+                    self.dirs[key] = entry.path
+                    subdirs.append(entry.path)
                 else:
-                    self._file(e.path, st, files)
+                    self._file(entry.path, st, files)
             stack.extend(reversed(subdirs))
 
 
@@ -333,7 +333,7 @@ class FolderDataset(Dataset):
             except BadImageError as e:
                 if self.strict:
                     raise
-                bad.append((path, str(e)))
+                bad.append((path, e.reason))
                 continue
             if aug_key is None:
                 return self.transform(img), int(self.index.labels[j]), bad

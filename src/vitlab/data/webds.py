@@ -164,7 +164,7 @@ def _tar_members(shard: str, notes: list[tuple[str, str]]) -> Iterator[tuple[str
         tar: tarfile.TarFile | None = None
         name = None
         try:
-            tar = tarfile.open(fileobj=stream, mode="r|*")
+            tar = tarfile.open(fileobj=stream, mode="r|*")  # noqa: SIM115 (closed with `stream`; a `with` would hide `tar` from the except)
             while (m := tar.next()) is not None:
                 name = m.name
                 if not m.isfile():
@@ -253,7 +253,7 @@ def _decode_or_note(sample: dict[str, Any], in_chans: int, cfg: DataConfig, note
     except BadImageError as exc:
         if cfg.strict:
             raise
-        notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", str(exc)))
+        notes.append((f"{sample.get('__url__', '?')}:{sample.get('__key__', '?')}", exc.reason))
         return None
 
 

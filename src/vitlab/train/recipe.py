@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from ..config import RESIZE_MODES, ViTConfig, canonical_name, check_keys
+from ..config import RESIZE_MODES, ViTConfig, canonical_name, check_bool, check_keys, check_number
 from ..precision import PRECISIONS
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -32,18 +32,9 @@ def _check_keys(section: str, d: Any, cls: type) -> dict[str, Any]:
     return {} if d is None else check_keys(d, cls, f"recipe section {section!r}")
 
 
-def _number(section: str, key: str, value: Any, *, lo: float | None = None, hi: float | None = None,
-            integer: bool = False, allow_none: bool = False, lo_open: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    kind = "an int" if integer else "a number"
-    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok_type:
-        raise ValueError(f"{section}.{key} must be {kind}, got {value!r}")
-    if lo is not None and (value <= lo if lo_open else value < lo):
-        raise ValueError(f"{section}.{key} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{section}.{key} must be <= {hi}, got {value!r}")
+def _number(section: str, key: str, value: Any, **bounds: Any) -> None:
+    """`vitlab.config.check_number` for `section.key`: an int / finite float within `bounds` (lo, hi, ...)."""
+    check_number(f"{section}.{key}", value, **bounds)
 
 
 def _choice(section: str, key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -110,15 +101,14 @@ class OptimSection:
         _number("optim", "lr", self.lr, lo=0, lo_open=True)
         if not isinstance(self.betas, list | tuple) or len(self.betas) != 2:
             raise ValueError(f"optim.betas must be a pair [beta1, beta2], got {self.betas!r}")
+        for i, b in enumerate(self.betas):
+            _number("optim", f"betas[{i}]", b, lo=0, hi=1, hi_open=True)  # beta = 1: the average never moves
         self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for b in self.betas:
-            _number("optim", "betas", b, lo=0, hi=1)
         _number("optim", "eps", self.eps, lo=0)
         _number("optim", "momentum", self.momentum, lo=0, hi=1)
         _number("optim", "weight_decay", self.weight_decay, lo=0)
         _number("optim", "clip_grad_norm", self.clip_grad_norm, lo=0, lo_open=True, allow_none=True)
-        if not isinstance(self.nesterov, bool):
-            raise ValueError(f"optim.nesterov must be true or false, got {self.nesterov!r}")
+        check_bool("optim.nesterov", self.nesterov)
 
 
 @dataclass
@@ -235,8 +225,7 @@ class TrainSection:
         _choice("train", "eval_split", self.eval_split, ("val", "test"))
         _choice("train", "parallel", self.parallel, PARALLEL)
         for k in ("deterministic", "compile", "grad_checkpointing"):
-            if not isinstance(getattr(self, k), bool):
-                raise ValueError(f"train.{k} must be true or false, got {getattr(self, k)!r}")
+            check_bool(f"train.{k}", getattr(self, k))
         _number("train", "eval_batch_size", self.eval_batch_size, lo=1, integer=True, allow_none=True)
         _number("train", "eval_max_samples", self.eval_max_samples, lo=1, integer=True, allow_none=True)
         _number("train", "time_budget_min", self.time_budget_min, lo=0, lo_open=True, allow_none=True)
@@ -331,11 +320,9 @@ def check_resize_schedule(schedule: Any) -> list[list[float]]:
         if not isinstance(entry, list | tuple) or len(entry) != 2:
             raise ValueError(f"train.resize_schedule[{i}] must be a [size, until] pair, got {entry!r}")
         size, until = entry
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"train.resize_schedule[{i}]: size must be a positive int (pixels), got {size!r}")
-        if isinstance(until, bool) or not isinstance(until, int | float) or not last < until < 1:
-            raise ValueError(f"train.resize_schedule[{i}]: until must be in ({last:g}, 1) (a fraction of the "
-                             f"schedule, strictly increasing), got {until!r}")
+        check_number(f"train.resize_schedule[{i}]: size", size, integer=True, lo=1, what="a positive int (pixels)")
+        check_number(f"train.resize_schedule[{i}]: until", until, lo=last, hi=1, lo_open=True, hi_open=True,
+                     what=f"in ({last:g}, 1) (a fraction of the schedule, strictly increasing)")
         out.append([size, float(until)])
         last = float(until)
     return out
@@ -369,8 +356,7 @@ class InitSection:
     def validate(self) -> None:
         if self.checkpoint is not None and not isinstance(self.checkpoint, str):
             raise ValueError(f"init.checkpoint must be a path or checkpoint name, or null, got {self.checkpoint!r}")
-        if not isinstance(self.drop_head, bool):
-            raise ValueError(f"init.drop_head must be true or false, got {self.drop_head!r}")
+        check_bool("init.drop_head", self.drop_head)
         _choice("init", "pos_embed_resize", self.pos_embed_resize, RESIZE_MODES)
 
 
@@ -436,7 +422,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ValueError(f"--set expects section.key=value, got {item!r}")
     if parts[0] not in SECTIONS:
         raise ValueError(f"--set {item!r}: unknown section {parts[0]!r}; valid sections: {list(SECTIONS)}")
-    parsed = yaml.safe_load(value) if value.strip() else None
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else None
+    except yaml.YAMLError as e:  # "optim.lr=[1," or "a: b: c": name the override, not the parser's position
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
     return parts, _yaml_numbers(parsed)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from torch import nn
 from .._extras import needs
 from ..config import to_hw
 from ..evaluate import EvalResult, Result, evaluate
-from ..io import write_atomic
+from ..io import write_atomic, writing
 from ..model import VisionTransformer
 from ..precision import resolve_precision
 from . import checkpoint as ckpt
@@ -44,13 +45,30 @@ from .recipe import Recipe, size_at
 from .rng import rng_state, seed_everything, set_rng_state
 from .rundir import resume_point, write_recipe
 from .schedule import lr_at
-from .step import StepResult, resize_batch, train_step
+from .step import StepResult, all_finite, resize_batch, train_step
 
 logger = logging.getLogger("vitlab.train")
 
 
 class NonFiniteError(RuntimeError):
-    """Too many non-finite steps in a row: the run stops, its last good checkpoint kept."""
+    """The run stopped on non-finite numbers: `train.max_bad_steps` non-finite steps in a row, an update that made
+    the weights inf / nan, or weights / optimizer state about to be saved that are not finite. Nothing non-finite
+    is written; the checkpoints already on disk (all finite) are kept."""
+
+
+def _first_non_finite(tensors: Any, prefix: str = "") -> str | None:
+    """The name of the first floating-point tensor holding an inf or nan in a (nested) state dict, else None."""
+    if isinstance(tensors, torch.Tensor):
+        if tensors.is_floating_point() and not all_finite([tensors]):
+            return prefix or "tensor"
+        return None
+    items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors) if isinstance(
+        tensors, list | tuple) else ()
+    for k, v in items:
+        bad = _first_non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+        if bad is not None:
+            return bad
+    return None
 
 
 @dataclass
@@ -128,7 +146,11 @@ class Run:
         self.data_cfg: Any = None
         self._build_data(stream, eval_data)
         self._build_model(resume)
-        self._open_outputs(resume, progress)
+        try:
+            self._open_outputs(resume, progress)
+        except BaseException:  # e.g. a full disk: close what did open (the error is the one to report)
+            self.__exit__(*sys.exc_info())
+            raise
 
     # building
 
@@ -220,7 +242,8 @@ class Run:
 
         self.metrics_f = open_metrics(self.run_dir / "metrics.jsonl")  # closed in close()
         # events at and after this step from an earlier process of the run (replayed now) are dropped by TensorBoard
-        self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.state.step)
+        with writing(self.run_dir / "tb"):  # it writes its first event file at once
+            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.state.step)
         if progress:
             from tqdm import tqdm
 
@@ -228,29 +251,44 @@ class Run:
                              desc="train")
 
     def close(self) -> None:
-        """Close the progress bar, TensorBoard and metrics.jsonl (the `with` block does it)."""
-        for out in (self.pbar, self.writer, self.metrics_f):
-            if out is not None:
-                out.close()
+        """Close the progress bar, TensorBoard and metrics.jsonl (the `with` block does it). All are closed even
+        when one fails (a full disk); then the first failure is raised."""
+        outs = ((self.pbar, None), (self.writer, "tb"), (self.metrics_f, "metrics.jsonl"))
         self.pbar = self.writer = self.metrics_f = None
+        failed: Exception | None = None
+        for out, name in outs:
+            try:
+                if out is not None:
+                    with writing(self.run_dir / (name or "")):
+                        out.close()
+            except Exception as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def __enter__(self) -> Run:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:
+            if exc[0] is None:  # after an error, a close failing the same way (a full disk) must not hide it
+                raise
 
     # what the loop calls
 
     def log(self, row: dict[str, Any]) -> None:
         """A metrics.jsonl row and its numbers in TensorBoard under `split/name`."""
         if self.metrics_f is not None:
-            self.metrics_f.write(json.dumps(row) + "\n")
-            self.metrics_f.flush()
+            with writing(self.run_dir / "metrics.jsonl"):  # a full disk: "cannot write ...metrics.jsonl: ..."
+                self.metrics_f.write(json.dumps(row) + "\n")
+                self.metrics_f.flush()
         if self.writer is not None:
-            for k, v in row.items():
-                if k not in ("step", "split") and isinstance(v, int | float):
-                    self.writer.add_scalar(f"{row['split']}/{k}", v, row["step"])
+            with writing(self.run_dir / "tb"):
+                for k, v in row.items():
+                    if k not in ("step", "split") and isinstance(v, int | float):
+                        self.writer.add_scalar(f"{row['split']}/{k}", v, row["step"])
 
     def step(self) -> StepResult | None:
         """One optimizer step at the schedule's position, or None when the time budget is spent.
@@ -277,6 +315,11 @@ class Run:
                             precision=self.precision, clip_grad_norm=self.recipe.optim.clip_grad_norm,
                             label_smoothing=tr.label_smoothing, mix=self.mix, accum_steps=tr.accum_steps,
                             info=self.info, on_loss=self.on_loss)
+        if not result.weights_finite:  # in memory only: raised before anything can save or evaluate them
+            raise NonFiniteError(
+                f"step {state.step + 1}'s update overflowed float32 (loss {result.loss:.4g}, grad norm "
+                f"{result.grad_norm:.4g}, lr {self.lr:.4g}): the weights would be inf or nan, so the run stops "
+                f"without saving them. {self.last_checkpoint()} Lower optim.lr or optim.weight_decay.")
         if result.applied:
             state.bad_in_a_row = 0
             if self.ema is not None:
@@ -292,11 +335,26 @@ class Run:
         if state.bad_in_a_row >= tr.max_bad_steps:
             raise NonFiniteError(
                 f"{state.bad_in_a_row} non-finite steps in a row (loss {result.loss}, grad norm {result.grad_norm}) "
-                f"at step {state.step}; none was applied. The last good checkpoint is kept in {self.ckpt_dir}. "
-                f"Lower optim.lr, raise optim.clip_grad_norm, or use train.precision=fp32.")
+                f"at step {state.step}; none was applied. {self.last_checkpoint()} "
+                f"Lower optim.lr, set optim.clip_grad_norm, or use train.precision=fp32.")
         if self.pbar is not None:
             self.pbar.update(1)
         return result
+
+    def last_checkpoint(self) -> str:
+        """A sentence that says which checkpoint is on disk to resume from (every checkpoint written is finite)."""
+        steps = ckpt.list_checkpoints(self.ckpt_dir) if self.ckpt_dir.is_dir() else []
+        if not steps:
+            return "No checkpoint had been written yet."
+        return f"The last good checkpoint, step {steps[-1]}, is kept in {self.ckpt_dir}."
+
+    def check_finite(self, what: str, **parts: Any) -> None:
+        """NonFiniteError naming the first inf / nan tensor of `parts` (state dicts), before `what` is written."""
+        for name, part in parts.items():
+            bad = _first_non_finite(part)
+            if bad is not None:
+                raise NonFiniteError(f"refusing to write {what}: {name} {bad} holds inf or nan values. "
+                                     f"{self.last_checkpoint()}")
 
     def log_train(self, result: StepResult) -> None:
         """The training row: loss, lr, grad norm, images/s, MFU, ETA, image size, skipped steps."""
@@ -375,6 +433,8 @@ class Run:
         train_state = {"optimizer": opt_sd, "run": state.__dict__, "data": data_states, "rng": rngs,
                        "ema": self.ema.state_dict() if self.ema is not None else None, "world_size": info.world_size}
         step = state.step
+        self.check_finite(f"the checkpoint of step {step}", weights=plain.state_dict(), optimizer_state=opt_sd,
+                          ema=train_state["ema"])
         ckpt.save_checkpoint(self.ckpt_dir, step, lambda p: self._save_weights(p, plain, {"step": step}),
                              train_state, tr.keep_checkpoints)
 
@@ -400,6 +460,7 @@ class Run:
         out.images_per_s, out.mfu, out.evaluators = speed_and_evaluators(read_metrics(self.run_dir / "metrics.jsonl"))
         if m is not None and final_eval is not None:
             final_path = self.run_dir / "model.safetensors"
+            self.check_finite(str(final_path), weights=m.state_dict())
             metrics = {f"{self.tr.eval_split}_{k}": getattr(final_eval, k) for k in ("top1", "top5", "loss",
                                                                                      "num_samples")}
             write_atomic(final_path, lambda p: self._save_weights(

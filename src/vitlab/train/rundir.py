@@ -278,9 +278,10 @@ def check_run_dir(run_dir: Path, resume: bool) -> bool:
     held = [m for m in RUN_MARKERS if (run_dir / m).exists()]
     steps = ckpt.list_checkpoints(run_dir / "checkpoints")
     if held and not resume:
-        at = f"; its last checkpoint is at step {steps[-1]}" if steps else "; it has no checkpoint yet"
-        raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(held)}{at}); pass --resume to "
-                          f"continue it (from step 0 when it has no checkpoint) or choose another -o RUN_DIR")
+        how = (f"pass --resume to continue it from its checkpoint of step {steps[-1]}" if steps else
+               "it has no checkpoint yet: pass --resume to start it again from step 0 there")
+        raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(held)}); {how}, or choose "
+                          f"another -o RUN_DIR")
     if not resume or steps:
         return resume
     if not (run_dir / "recipe.yaml").is_file():

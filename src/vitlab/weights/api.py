@@ -285,7 +285,8 @@ def check_fits(meta_model: VisionTransformer, ckpt: Checkpoint) -> None:
     depth = 1 + max((int(k.split(".")[1]) for k in ckpt.state if k.startswith("blocks.") and
                      k.split(".")[1].isdigit()), default=-1)
     if depth and depth != cfg.depth:
-        raise ShapeMismatchError(f"{ckpt.source}: {where} gives {hf_names.get('depth', 'depth')}={cfg.depth}, but the checkpoint has {depth} "
+        field = hf_names.get("depth", "depth")
+        raise ShapeMismatchError(f"{ckpt.source}: {where} gives {field}={cfg.depth}, but the checkpoint has {depth} "
                                  "blocks (blocks.0 ...): the config does not describe these weights")
     n_bytes = sum(p.numel() * p.element_size() for p in target.values())
     available = _memory_bytes()

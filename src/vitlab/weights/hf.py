@@ -126,6 +126,9 @@ def to_ours(state: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tens
         if any(p is None for p in parts):
             raise WeightsError(f"{source}: block {i} lacks one of query/key/value {kind}")
         q_k_v = [p for p in parts if p is not None]  # all three (checked above)
+        if len({tuple(p.shape) for p in q_k_v}) != 1:
+            raise WeightsError(f"{source}: block {i}'s query/key/value {kind} differ in shape: "
+                               f"{[tuple(p.shape) for p in q_k_v]}")
         out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(q_k_v, dim=0)  # (3D, D) / (3D,): q, k, v
     return out
 

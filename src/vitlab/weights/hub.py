@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..io import atomic_write, place, write_atomic
+from ..io import atomic_write, copytree_atomic, place, write_atomic
 from .report import WeightsError
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ def fetch_to(name_or_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
     if dest.exists():
         raise FileExistsError(f"{dest} already exists")
     if loc.path.is_dir():
-        shutil.copytree(loc.path, dest)
+        copytree_atomic(loc.path, dest)  # all of it or nothing (a full disk leaves no half folder)
     else:
         _copy_atomic(loc.path, dest)
     return Resolved(dest, None)

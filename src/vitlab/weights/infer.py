@@ -19,6 +19,10 @@ from ..posembed import infer_grid
 from .report import WeightsError
 
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
+# Tensors whose shapes infer_config reads -> the numbers of dimensions they may have.
+_RANKS = {"patch_embed.proj.weight": (4,), "blocks.0.mlp.fc1.weight": (2,), "head.weight": (2,),
+          "pre_logits.fc.weight": (2,), "pos_embed": (3, 2), "patch_embed.backbone.stem.conv.weight": (4,),
+          "patch_embed.backbone.conv.weight": (4,)}
 _STAGE_RE = re.compile(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
 
 
@@ -65,12 +69,19 @@ def infer_config(
     known = dict(known or {})
     if "patch_embed.proj.weight" not in state:
         raise WeightsError(f"{source}: no patch embedding tensor, cannot infer the architecture")
+    for name, ndim in _RANKS.items():  # the shapes read below: a damaged file must not reach them as IndexError
+        if name in state and state[name].dim() not in ndim:
+            raise WeightsError(f"{source}: {name} has shape {tuple(state[name].shape)}; a ViT's has {ndim[0]} "
+                               "dimensions")
     D, C, ph, pw = state["patch_embed.proj.weight"].shape
     if ph != pw:
         raise WeightsError(f"{source}: non-square patches {ph}x{pw} are not supported")
     blocks = {int(m.group(1)) for k in state if (m := _BLOCK_RE.match(k))}
     if not blocks:
         raise WeightsError(f"{source}: no Transformer blocks found")
+    if "blocks.0.mlp.fc1.weight" not in state:
+        raise WeightsError(f"{source}: no blocks.0.mlp.fc1.weight (the first block's MLP), cannot infer the "
+                           "architecture")
     hybrid = _hybrid_fields(state, source)
     inferred: dict[str, Any] = dict(
         embed_dim=int(D), in_chans=int(C), patch_size=int(ph), depth=max(blocks) + 1,
@@ -125,7 +136,10 @@ def infer_config(
     fields = {**inferred, **{k: v for k, v in known.items() if k != "class_names"}}
     shown = {k: v for k, v in inferred.items() if k not in known}
     fields["name"] = _variant_name(fields)
-    cfg = ViTConfig.from_dict(fields)
+    try:
+        cfg = ViTConfig.from_dict(fields)
+    except (ValueError, TypeError) as e:  # e.g. a zero-sized tensor gives mlp_dim=0
+        raise WeightsError(f"{source}: the tensor shapes give no valid ViT: {e}") from e
     return cfg, shown, notes
 
 

@@ -116,6 +116,8 @@ _LAYOUTS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[np.ndarr
     "heads": (lambda a: a.reshape(-1), lambda x, hh: x.reshape(hh)),
     "heads_out": (lambda a: a.reshape(-1, a.shape[-1]).T, lambda x, hh: x.T.reshape(*hh, -1)),
 }
+# The number of dimensions each layout's arrays have in a vit_jax file (others: any).
+_NDIM = {"dense": 2, "conv": 4, "heads_in": 3, "heads": 2, "heads_out": 3, "tokens": 3}
 _NUMBERED = re.compile(r"(.*)_(\d+)")  # flax's MODULE_NUM_RE: "<Module>_<n>"
 
 
@@ -186,6 +188,10 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
             raise WeightsError(f"{source}: unknown vit_jax parameter {key!r}")  # the file's own name
         if row.layout == "conv" and a.ndim != 4:
             raise WeightsError(f"{source}: {key} has shape {a.shape}; expected an HWIO kernel (kh, kw, in, out)")
+        ndim = _NDIM.get(row.layout)
+        if (ndim is not None and a.ndim != ndim) or a.size == 0 or a.dtype.kind not in "fiub":
+            raise WeightsError(f"{source}: {key} has shape {a.shape} and dtype {a.dtype}; expected "
+                               f"{f'{ndim} dimensions of ' if ndim else ''}numbers ({row.layout} layout)")
         if row.layout == "heads_in":
             hints["num_heads"] = int(a.shape[1])  # (D, heads, hd): the only format that stores heads
         ours = row.ours.format(**{k: v - _OFFSET[k] for k, v in fields.items()})
@@ -198,6 +204,9 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
         if sorted(got) != [0, 1, 2]:
             raise WeightsError(f"{source}: {ours} needs query, key and value; the file has only "
                                f"{[_QKV[j] for j in sorted(got)]}")
+        if len({got[j].shape for j in (0, 1, 2)}) != 1:
+            raise WeightsError(f"{source}: the query, key and value of {ours} differ in shape: "
+                               f"{[got[j].shape for j in (0, 1, 2)]}")
         out[ours] = torch.from_numpy(np.concatenate([got[j] for j in (0, 1, 2)]))
     if "conv_root/kernel" in arrays:
         hints["hybrid_eps"] = "vit_jax"  # Google's ResNet: WS (w - mean) / (std + 1e-5), GroupNorm eps 1e-6

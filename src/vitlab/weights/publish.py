@@ -144,8 +144,8 @@ def from_pretrained(
     try:
         fields = ViTConfig.from_dict(config["config"]).to_dict()
         preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
-    except (TypeError, ValueError) as e:
-        raise WeightsError(f"{config_file}: {e}") from e
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise WeightsError(f"{config_file}: {type(e).__name__}: {e}") from e
     weights = path / WEIGHTS_NAME
     if not weights.exists():
         raise WeightsError(f"{path}: a vitlab Hub folder needs {WEIGHTS_NAME} beside config.json")
@@ -401,9 +401,11 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise WeightsError(f"{path}: unreadable: {e}") from e
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, PermissionError, IsADirectoryError):
+        raise
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError (not text at all)
+        raise WeightsError(f"{path}: unreadable: {type(e).__name__}: {e}") from e
     if not isinstance(data, dict):
         raise WeightsError(f"{path}: expected a JSON object")
     return data

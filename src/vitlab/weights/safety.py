@@ -28,11 +28,12 @@ class UnsafeCheckpointError(WeightsError):
 
 # What torch.load / np.load raise on a damaged or foreign file, besides their own error types: their parsers index,
 # decode and unpack the file's bytes directly (a truncated zip, a flipped bit in a pickle opcode or length).
-_PARSE_ERRORS: tuple[type[BaseException], ...] = (
+_PARSE_ERRORS: tuple[type[Exception], ...] = (
     RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError, EOFError, UnicodeDecodeError,
     struct.error, zipfile.BadZipFile, zlib.error, OverflowError, MemoryError, RecursionError, NotImplementedError,
     AssertionError, pickle.UnpicklingError,
 )
+_READ_ERRORS: tuple[type[Exception], ...] = (OSError, *_PARSE_ERRORS)
 # OSErrors that are about reaching the file, not about its contents: they keep their type (the CLI names them).
 _ACCESS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 # The weights-only unpickler's refusals that mean "this pickle asks to import, call or build something".
@@ -56,14 +57,22 @@ def torch_load(path: str | Path) -> Any:
     except _ACCESS_ERRORS:
         raise
     except pickle.UnpicklingError as e:
-        if not _CODE_RUNNING.search(str(e)):
-            raise WeightsError(f"{path}: damaged PyTorch checkpoint ({kind.description}): {_first_line(e)}") from e
+        # PyTorch's unpickler stops at opcodes it does not know (protocol 4's FRAME) before it sees any global:
+        # then we look for the globals the stream imports ourselves
+        culprit = _culprit(e) if _CODE_RUNNING.search(str(e)) else _foreign_global(path) if kind.name == "pickle" \
+            else None
+        if culprit is None and kind.description in ("a pickle (protocol 4)", "a pickle (protocol 5)"):
+            raise WeightsError(f"{path}: not a PyTorch checkpoint: {kind.description} written by pickle, which "
+                               "torch.load(weights_only=True) does not read; save the state dict with torch.save(...) "
+                               "or as .safetensors") from e
+        if culprit is None:
+            raise WeightsError(f"{path}: damaged PyTorch checkpoint ({kind.description}): {_culprit(e)}") from e
         raise UnsafeCheckpointError(
             f"refusing to load {path}: it is a pickle that asks to run code or build objects other than tensors "
-            f"({_culprit(e)}). Only plain state dicts are read (torch.load(weights_only=True)); if you trust the "
+            f"({culprit}). Only plain state dicts are read (torch.load(weights_only=True)); if you trust the "
             f"file, re-save its state dict with torch.save(model.state_dict(), ...) or as .safetensors"
         ) from None
-    except (OSError, *_PARSE_ERRORS) as e:
+    except _READ_ERRORS as e:
         raise WeightsError(f"{path}: damaged PyTorch checkpoint ({kind.description}): "
                            f"{type(e).__name__}: {_first_line(e)}") from e
 
@@ -80,9 +89,9 @@ def np_load(path: str | Path) -> dict[str, np.ndarray]:
     if kind.name not in ("npz", "badzip"):  # e.g. a PyTorch checkpoint renamed .npz, a text file, one .npy
         raise WeightsError(f"{path}: not a NumPy archive: looks like {kind.description}")
     try:
-        with open(path, "rb") as fh:  # ours to close: np.load leaks the file it opened when the zip is damaged
-            with np.load(fh, allow_pickle=False) as f:
-                return {k: f[k] for k in f.files}
+        # the file is ours to close: np.load leaks the one it opened itself when the zip is damaged
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
     except _ACCESS_ERRORS:
         raise
     except ValueError as e:
@@ -92,7 +101,7 @@ def np_load(path: str | Path) -> dict[str, np.ndarray]:
                 "official Google .npz checkpoints hold plain arrays only"
             ) from None
         raise WeightsError(f"{path}: damaged NumPy archive: {_first_line(e)}") from e
-    except (OSError, *_PARSE_ERRORS) as e:
+    except _READ_ERRORS as e:
         raise WeightsError(f"{path}: damaged NumPy archive: {type(e).__name__}: {_first_line(e)}") from e
 
 
@@ -166,7 +175,7 @@ def _sniff_zip(path: Path) -> Kind:
     try:
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
-    except (OSError, *_PARSE_ERRORS):
+    except _READ_ERRORS:
         return Kind("badzip", "a damaged zip archive")
     if names and all(n.endswith(".npy") for n in names):
         return Kind("npz", "a NumPy .npz archive")
@@ -188,6 +197,35 @@ def _as_text(head: bytes) -> str | None:
         if all(c.isprintable() or c in "\t\r\n\f" for c in text):
             return text
         return None
+    return None
+
+
+# Globals a plain PyTorch state dict's pickle imports (PyTorch's own allow-list covers these and more).
+_PLAIN_GLOBALS = re.compile(r"(torch(\.|$).*|collections\.OrderedDict|_codecs\.encode|builtins\.(set|frozenset|"
+                            r"bytearray|complex|slice|range))")
+
+
+def _foreign_global(path: Path) -> str | None:
+    """"GLOBAL module.name" for the first global a pickle stream imports that a state dict does not need (a
+    function to call, a class to build), read with pickletools without executing anything; None if none."""
+    import pickletools
+
+    strings: list[str] = []
+    with open(path, "rb") as f:
+        try:
+            for op, arg, _ in pickletools.genops(f):
+                if op.name in ("GLOBAL", "INST") and isinstance(arg, str):
+                    name = arg.replace(" ", ".")
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    name = f"{strings[-2]}.{strings[-1]}"
+                else:
+                    if isinstance(arg, str):
+                        strings.append(arg)
+                    continue
+                if not _PLAIN_GLOBALS.fullmatch(name):
+                    return f"Unsupported global: GLOBAL {name}"
+        except (ValueError, EOFError, UnicodeDecodeError, struct.error, KeyError, IndexError, OverflowError):
+            pass  # damaged further on: what was read so far decides
     return None
 
 
