@@ -190,6 +190,23 @@ def test_a_full_disk_is_one_line_and_keeps_what_was_there(command, tmp_path, ckp
         assert checkpoint.load_latest_checkpoint(ckpts).step == 2  # loads, no fallback warning (they are errors)
 
 
+@pytest.mark.parametrize("fails", ["model.safetensors", "config.json"])
+def test_a_full_disk_never_leaves_a_hub_folder_half_replaced(fails, tmp_path, ckpt, capsys, monkeypatch):
+    """`convert --to hf --force` over an earlier folder: the weights and config.json are replaced together or not
+    at all, wherever the disk fills up."""
+    hub = tmp_path / "hf"
+    assert main(["convert", ckpt, str(hub), "--to", "hf"]) == 0
+    before = {p.name: p.read_bytes() for p in hub.iterdir()}
+    other = perturb_(vitlab.create_model("ViT-Ti/16", depth=1, img_size=28, patch_size=4, in_chans=1,
+                                         num_classes=10, embed_dim=32, num_heads=2, mlp_dim=64), seed=1)
+    src = vitlab.save_weights(other, tmp_path / "other.safetensors")
+    _fail_fsync(monkeypatch, lambda p: p.name.endswith(fails))
+    capsys.readouterr()
+    assert main(["convert", str(src), str(hub), "--to", "hf", "--force"]) == 1
+    _one_line_error(capsys.readouterr().err, "convert", f"cannot write {hub / fails}: no space left on device")
+    assert {p.name: p.read_bytes() for p in hub.iterdir()} == before and _temps(tmp_path) == []
+
+
 @pytest.mark.parametrize("size", ["8k", "16k", "64k", "200k"])
 def test_training_on_a_really_full_disk(size, tmp_path, capsys):
     """A real small file system (root: a tmpfs): whichever file meets the full disk (recipe, TensorBoard, metrics,
@@ -214,6 +231,42 @@ def test_converting_onto_a_really_full_disk(dst, tmp_path, ckpt, capsys):
         assert main(argv) == 1
         _one_line_error(capsys.readouterr().err, "convert", f"cannot write {disk / dst}: no space left on device")
         assert (disk / dst).read_bytes() == b"earlier" and _temps(disk) == []
+
+
+def test_a_download_onto_a_really_full_disk(tmp_path, monkeypatch):
+    """A download that fills the disk names its destination; the partial `.part` stays for a resume."""
+    import functools
+    import http.server
+    import threading
+
+    from vitlab.weights import hub
+
+    for var in ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "big.bin").write_bytes(b"w" * 200_000)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "served"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with _mounted_tmpfs(tmp_path / "disk", "size=64k") as disk:
+            with pytest.raises(vio.OutputError, match=r"cannot write .*big\.bin: no space left on device"):
+                hub.download_url(f"http://127.0.0.1:{server.server_address[1]}/big.bin", disk / "big.bin",
+                                 progress=False, retries=0)
+            assert not (disk / "big.bin").exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_stdout_onto_a_really_full_disk(tmp_path):
+    """`vitlab weights list --json > file` on a full disk: one line, exit 1 (not Python's exit-time complaint)."""
+    with _mounted_tmpfs(tmp_path / "disk", "size=8k") as disk, open(disk / "list.json", "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "vitlab.cli", "weights", "list", "--json"], stdout=out,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    _one_line_error(proc.stderr, "weights list", "cannot write ", "no space left on device")
+    assert "Exception ignored" not in proc.stderr
 
 
 def test_atomic_write_removes_a_partial_file_and_names_the_disk(tmp_path):
@@ -319,40 +372,44 @@ def test_a_ctrl_c_a_library_wrapped_is_still_130(monkeypatch, capsys):
 
 
 def test_ctrl_c_twice_during_training_is_130_one_line_and_a_whole_checkpoint(tmp_path):
-    """The real thing: `vitlab train` in a process of its own, Ctrl-C once (stop at the end of the step, save), then
-    again after 0, 0.15 and 0.6 s, which land in the step, in the checkpoint save or in the shutdown. Always exit
-    code 130, no traceback, and the newest checkpoint on disk loads."""
+    """The real thing: `vitlab train` in processes of their own (three at once, to keep it short), Ctrl-C once
+    (stop at the end of the step, save), then again after 0, 0.15 and 0.6 s, which land in the step, in the
+    checkpoint save or in the shutdown. Always exit code 130, no traceback, and the newest checkpoint loads."""
     from vitlab.train import checkpoint
 
     sets = ["model.embed_dim=192", "model.depth=6", "model.num_heads=3", "model.mlp_dim=768", "train.steps=1000",
             "train.epochs=null", "train.time_budget_min=null", "train.eval_every=0", "train.checkpoint_every=2",
             "train.log_every=1", "train.batch_size=16", "data.dataset=synthetic"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for i, delay in enumerate((0.0, 0.15, 0.6)):
-        run = tmp_path / f"run{i}"
-        proc = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "train", RECIPE, "-o", str(run), "--no-progress",
-                                 "--set", *sets], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        assert proc.stderr is not None
-        seen = []
-        for line in proc.stderr:  # the checkpoint of step 2 is on disk once step 3 is logged
-            seen.append(line)
-            if line.startswith("step 3/"):
-                break
-        else:
-            pytest.fail("training never reached step 3:\n" + "".join(seen))
-        proc.send_signal(signal.SIGINT)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        err = proc.stderr.read()
-        rc = proc.wait(timeout=120)
-        assert rc == 130, (delay, err)
-        assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
-        assert [line for line in err.splitlines() if not line.startswith("step ")] != []  # it says so
-        ckpts = run / "checkpoints"
-        steps = checkpoint.list_checkpoints(ckpts)
-        assert steps and steps[0] >= 2, (delay, steps)
-        assert checkpoint.load_latest_checkpoint(ckpts).step == steps[-1]  # the newest is whole
-        assert _temps(run) == []
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    delays = (0.0, 0.15, 0.6)
+    with contextlib.ExitStack() as stack:
+        procs = [stack.enter_context(subprocess.Popen(
+            [sys.executable, "-m", "vitlab.cli", "train", RECIPE, "-o", str(tmp_path / f"run{i}"), "--no-progress",
+             "--set", *sets], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+            for i in range(len(delays))]
+        for proc, delay in zip(procs, delays):
+            assert proc.stderr is not None
+            seen = []
+            for line in proc.stderr:  # the checkpoint of step 2 is on disk once step 3 is logged
+                seen.append(line)
+                if line.startswith("step 3/"):
+                    break
+            else:
+                pytest.fail("training never reached step 3:\n" + "".join(seen))
+            proc.send_signal(signal.SIGINT)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+        for i, (proc, delay) in enumerate(zip(procs, delays)):
+            assert proc.stderr is not None
+            err = proc.stderr.read()
+            assert proc.wait(timeout=120) == 130, (delay, err)
+            assert "Traceback" not in err and "Exception ignored" not in err, (delay, err)
+            assert [line for line in err.splitlines() if not line.startswith("step ")] != []  # it says so
+            ckpts = tmp_path / f"run{i}" / "checkpoints"
+            steps = checkpoint.list_checkpoints(ckpts)
+            assert steps and steps[0] >= 2, (delay, steps)
+            assert checkpoint.load_latest_checkpoint(ckpts).step == steps[-1]  # the newest is whole
+            assert _temps(tmp_path / f"run{i}") == []
 
 
 # -- every command maps every error the one way ----------------------------------------------------------------

@@ -29,7 +29,7 @@ from types import FrameType
 from typing import Any
 
 __all__ = ["OutputError", "atomic_write", "check_writable", "copytree_atomic", "default_mode", "fsync_path",
-           "output_error", "place", "write_atomic", "writing"]
+           "output_error", "place", "staged", "write_atomic", "writing"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -271,6 +271,35 @@ def place(src: str | os.PathLike[str], dest: str | os.PathLike[str], *, overwrit
     return dest
 
 
+_STAGE = threading.local()  # the files of the innermost `staged()` block of this thread, waiting to be placed
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[None]:
+    """For files that belong together (a Hub folder's weights and config.json): within the block, atomic writes
+    fill their temporary files, and all are renamed onto their names only when the block ends without error. If
+    anything fails (a full disk at the second file), every temporary file is removed and the earlier files are all
+    kept: never new weights beside an old config."""
+    outer: list[tuple[Path, Path, bool, int]] | None = getattr(_STAGE, "pending", None)
+    pending: list[tuple[Path, Path, bool, int]] = []
+    _STAGE.pending = pending
+    try:
+        yield
+        if outer is not None:  # nested: the outer block places them
+            outer.extend(pending)
+            pending = []
+            return
+        for tmp, path, _, _ in pending:  # the data of all of them on disk before any name moves
+            with writing(path):
+                fsync_path(tmp)
+        for tmp, path, overwrite, mode in pending:
+            place(tmp, path, overwrite=overwrite, mode=mode)
+    finally:
+        _STAGE.pending = outer
+        for tmp, *_ in pending:
+            _remove(tmp)
+
+
 def _remove(tmp: Path) -> None:
     """Remove a temporary file if it is there (a read-only file system refuses even to unlink a missing one)."""
     try:
@@ -315,9 +344,15 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False, mode:
             raise
         raise err from e
     tmp = path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
+    stage: list[tuple[Path, Path, bool, int]] | None = getattr(_STAGE, "pending", None)
+    handed_over = False
     with _HoldInterrupts() as held:
         try:
             yield tmp
+            if stage is not None:  # placed with the others at the end of `staged()`
+                stage.append((tmp, path, overwrite, default_mode() if mode is None else mode))
+                handed_over = True
+                return
             place(tmp, path, overwrite=overwrite, mode=default_mode() if mode is None else mode)
         except BaseException as e:
             if held.forced and not isinstance(e, KeyboardInterrupt):  # torch turns it into a RuntimeError
@@ -331,7 +366,8 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False, mode:
                 raise
             raise err from e
         finally:
-            _remove(tmp)
+            if not handed_over:
+                _remove(tmp)
 
 
 def copytree_atomic(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:

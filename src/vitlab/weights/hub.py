@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..io import atomic_write, copytree_atomic, place, write_atomic
+from ..io import atomic_write, copytree_atomic, place, write_atomic, writing
 from .report import WeightsError
 
 if TYPE_CHECKING:
@@ -659,7 +659,7 @@ def _fetch(url: str, part: Path, *, progress: bool, timeout: float, verified: bo
                    desc=os.path.basename(part.name.removesuffix(".part")), leave=False,
                    disable=not progress or not sys.stderr.isatty())
         try:
-            with open(part, mode) as f, bar:
+            with writing(part.with_name(part.name.removesuffix(".part"))), open(part, mode) as f, bar:
                 while True:
                     chunk = response.read(_CHUNK)
                     if not chunk:

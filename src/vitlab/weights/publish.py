@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..config import ViTConfig
-from ..io import atomic_write
+from ..io import atomic_write, staged
 from ..posembed import sincos_2d
 from ..preprocess import Preprocess
 from . import hf, ours, torchvision
@@ -84,8 +84,9 @@ def save_pretrained(
     if folder.exists() and not folder.is_dir():
         raise NotADirectoryError(f"{folder} is a file; save_pretrained writes a folder")
     folder.mkdir(parents=True, exist_ok=True)
-    save_weights(model, folder / WEIGHTS_NAME, metadata, overwrite=True)
-    _write_json(folder / CONFIG_NAME, hub_config(model))
+    with staged():  # the weights and their config.json together, or neither
+        save_weights(model, folder / WEIGHTS_NAME, metadata, overwrite=True)
+        _write_json(folder / CONFIG_NAME, hub_config(model))
     if model_card and not (folder / "README.md").exists():
         with atomic_write(folder / "README.md") as tmp:
             tmp.write_text(_model_card(model, metadata))
@@ -385,11 +386,12 @@ def _write_hf_dir(dst: Path, tensors: dict[str, torch.Tensor], config: dict[str,
     if dst.is_dir() and any(dst.iterdir()) and not overwrite:
         raise FileExistsError(f"{dst} exists and is not empty; pass --force to write into it")
     dst.mkdir(parents=True, exist_ok=True)
-    ours.save_safetensors(tensors, dst / WEIGHTS_NAME, overwrite=True)
-    _write_json(dst / CONFIG_NAME, config)
-    if preprocess is not None:
-        _write_json(dst / PREPROCESSOR_NAME, hf.preprocessor_config(preprocess))
-    else:
+    with staged():  # all files or none: a full disk at the config leaves the earlier weights, not a mix
+        ours.save_safetensors(tensors, dst / WEIGHTS_NAME, overwrite=True)
+        _write_json(dst / CONFIG_NAME, config)
+        if preprocess is not None:
+            _write_json(dst / PREPROCESSOR_NAME, hf.preprocessor_config(preprocess))
+    if preprocess is None:
         (dst / PREPROCESSOR_NAME).unlink(missing_ok=True)
         notes.append(f"the model's preprocessing is unknown: no {PREPROCESSOR_NAME} written")
 
