@@ -237,7 +237,8 @@ def test_stale_temporaries_of_killed_writes_are_removed_at_the_next_start(tmp_pa
     train(_recipe(), run, progress=False, on_step=_Stop(1))
     ckpts = run / "checkpoints"
     stale = [ckpts / ".tmp-0123abcd-step_00000002.safetensors", ckpts / ".tmp-89abcdef-step_00000002.state.pt",
-             run / ".tmp-deadbeef-model.safetensors", run / ".tmp-00000000-report.json"]
+             run / ".tmp-deadbeef-model.safetensors", run / ".tmp-00000000-report.json",
+             ckpts / ".tmp-0000ffff-.tmp-0123abcd-step_00000002.safetensors"]  # a nested (staged) write
     others = [run / ".tmp-0123abcd-notes.txt", run / "notes.txt", ckpts / ".tmp-xyz-step_00000002.state.pt"]
     for p in stale + others:
         p.write_bytes(b"\0" * 1000)

@@ -53,23 +53,21 @@ def test_paper_recipes_hold_the_papers_numbers():
     assert (plain.data["randaugment"], plain.train.mixup, plain.train.batch_size) == ("2-10", 0.2, 1024)
 
 
-def test_unknown_keys_list_the_valid_ones(tmp_path):
+@pytest.mark.parametrize(("text", "error"), [
+    ("train:\n  steps: 3\n  batch_sise: 8\n", r"batch_sise.*valid keys.*batch_size"),
+    ("trian:\n  steps: 3\n", r"trian.*valid sections"),
+    ("model:\n  name: ViT-B/16\n  widht: 3\ntrain:\n  steps: 3\n", r"widht.*valid fields"),
+    ("data:\n  datset: fashion_mnist\ntrain:\n  steps: 3\n", r"datset"),
+    ("train:\n  steps: 3\n  precision: fp16\n", r"train.precision must be one of"),
+])
+def test_unknown_keys_list_the_valid_ones(tmp_path, text, error):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("train:\n  steps: 3\n  batch_sise: 8\n")
-    with pytest.raises(ValueError, match=r"batch_sise.*valid keys.*batch_size"):
+    bad.write_text(text)
+    with pytest.raises(ValueError, match=error):
         load_recipe(bad)
-    bad.write_text("trian:\n  steps: 3\n")
-    with pytest.raises(ValueError, match=r"trian.*valid sections"):
-        load_recipe(bad)
-    bad.write_text("model:\n  name: ViT-B/16\n  widht: 3\ntrain:\n  steps: 3\n")
-    with pytest.raises(ValueError, match=r"widht.*valid fields"):
-        load_recipe(bad)
-    bad.write_text("data:\n  datset: fashion_mnist\ntrain:\n  steps: 3\n")
-    with pytest.raises(ValueError, match=r"datset"):
-        load_recipe(bad)
-    bad.write_text("train:\n  steps: 3\n  precision: fp16\n")
-    with pytest.raises(ValueError, match=r"train.precision must be one of"):
-        load_recipe(bad)
+
+
+def test_missing_recipe_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_recipe(tmp_path / "missing.yaml")
 

@@ -21,7 +21,26 @@ from vitlab.weights import WeightsError, hub
 from .conftest import perturb_
 
 
-class FileServer:
+class LocalServer:
+    """An http.server in a daemon thread on 127.0.0.1 (a free port); a context manager that starts and stops it."""
+
+    def _serve(self, handler: type) -> None:
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FileServer(LocalServer):
     """http.server in a thread serving `files` (URL path -> bytes), with per-path misbehaviour switches.
 
     Attributes:
@@ -89,22 +108,10 @@ class FileServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+        self._serve(Handler)
 
     def gets(self, path: str) -> list[str | None]:
         return [r for p, r in self.requests if p == path]
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def payload(n: int = 300_000, seed: int = 0) -> bytes:

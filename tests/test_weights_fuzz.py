@@ -84,10 +84,8 @@ def test_the_undamaged_checkpoint_loads(corpus, fmt):
         assert model(torch.zeros(1, 3, *model.cfg.img_hw)).shape == (1, model.cfg.num_classes)
 
 
-@pytest.mark.parametrize("fmt", sorted(BUILDERS))
-def test_damaged_weights_file(corpus, fmt):
-    path = corpus[fmt]
-    file = main_file(path)
+def fuzz_file(path, file):
+    """Damage `file` (part of the checkpoint at `path`) in many ways; each must load or raise WeightsError."""
     original = file.read_bytes()
 
     @FUZZ
@@ -100,6 +98,28 @@ def test_damaged_weights_file(corpus, fmt):
             file.write_bytes(original)
 
     check()
+
+
+def fuzz_tensors(tensors, file, write):
+    """Edit the tensors (shapes, ranks, names) in many ways, `write` each edit to `file`; each must load or raise
+    WeightsError."""
+
+    @FUZZ
+    @given(edits=TENSOR_EDIT)
+    def check(edits):
+        edited = edit(tensors, edits)
+        if not edited:
+            return
+        write(edited)
+        loads_or_weights_error(file)
+
+    check()
+
+
+@pytest.mark.parametrize("fmt", sorted(BUILDERS))
+def test_damaged_weights_file(corpus, fmt):
+    path = corpus[fmt]
+    fuzz_file(path, main_file(path))
 
 
 @pytest.mark.parametrize(("fmt", "side"), [
@@ -109,18 +129,7 @@ def test_damaged_config_beside(corpus, fmt, side):
     path = corpus[fmt]
     file = (path if path.is_dir() else path.parent) / side
     assert file.exists()
-    original = file.read_bytes()
-
-    @FUZZ
-    @given(mutation=MUTATION)
-    def check(mutation):
-        file.write_bytes(mutate(original, mutation))
-        try:
-            loads_or_weights_error(path)
-        finally:
-            file.write_bytes(original)
-
-    check()
+    fuzz_file(path, file)
 
 
 MAGICS = [b"", b"PK\x03\x04", b"\x80\x02", b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19.", b"\x93NUMPY\x01\x00",
@@ -187,17 +196,7 @@ def test_wrong_tensors_in_a_valid_safetensors(tmp_path, layout):
     elif layout == "torchvision":
         state = torchvision.from_ours(state, model.cfg)[0]
     file = tmp_path / "w.safetensors"
-
-    @FUZZ
-    @given(edits=TENSOR_EDIT)
-    def check(edits):
-        edited = edit(state, edits)
-        if not edited:
-            return
-        save_file({k: v.contiguous() for k, v in edited.items()}, str(file))
-        loads_or_weights_error(file)
-
-    check()
+    fuzz_tensors(state, file, lambda edited: save_file({k: v.contiguous() for k, v in edited.items()}, str(file)))
 
 
 @pytest.mark.parametrize("fixture", ["vit_jax/vit_released.npz", "vit_jax/hybrid_released.npz",
@@ -211,17 +210,9 @@ def test_wrong_arrays_in_a_valid_npz(tmp_path, fixture):
     with np.load(FIXTURES / fixture) as f:
         arrays = {k: f[k] for k in f.files}
     file = tmp_path / "w.npz"
+    fuzz_tensors(arrays, file, lambda edited: np.savez(
+        file, **{k: np.asarray(v.float() if isinstance(v, torch.Tensor) else v) for k, v in edited.items()}))
 
-    @FUZZ
-    @given(edits=TENSOR_EDIT)
-    def check(edits):
-        edited = edit(arrays, edits)
-        if not edited:
-            return
-        np.savez(file, **{k: np.asarray(v.float() if isinstance(v, torch.Tensor) else v) for k, v in edited.items()})
-        loads_or_weights_error(file)
-
-    check()
 
 
 def test_damaged_save_pretrained_folder(tmp_path):

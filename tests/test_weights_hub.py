@@ -20,7 +20,7 @@ from vitlab.weights import WeightsError, hub, read_config, read_metadata
 from vitlab.weights import registry as shipped_registry
 
 from .conftest import perturb_
-from .test_weights_download import FileServer, install_registry, sha
+from .test_weights_download import FileServer, LocalServer, install_registry, sha
 
 ATOL = 1e-4
 OWNER_REPO = "acme/tiny-vit"
@@ -170,14 +170,13 @@ def test_hub_unreachable_with_nothing_cached(tmp_path, monkeypatch):
         hub.resolve("hf-hub:acme/not-downloaded")
 
 
-class FakeHub:
+class FakeHub(LocalServer):
     """The Hub's file protocol, as huggingface_hub uses it, in a thread: HEAD / GET /{repo}/resolve/{rev}/{file}
     answer with X-Repo-Commit and ETag, or 404 + X-Error-Code (EntryNotFound, RepoNotFound), or 403 GatedRepo."""
 
     def __init__(self, repos: dict[str, Path], gated: tuple[str, ...] = ()):
         import http.server
         import re
-        import threading
 
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Authorization)
         owner = self
@@ -218,19 +217,10 @@ class FakeHub:
             def log_message(self, *args):
                 pass
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
+        self._serve(Handler)
 
     def files_fetched(self, repo: str) -> list[str]:
         return sorted({p.rsplit("/", 1)[1] for m, p, _ in self.requests if m == "GET" and p.startswith(f"/{repo}/")})
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_download_from_a_hub_endpoint_takes_only_what_a_vit_needs(tmp_path, monkeypatch):

@@ -334,16 +334,8 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False, mode:
     """
     path = Path(path)
     _check_target(path, overwrite)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:  # a file is in the way of the folder
-        raise OutputError(path, f"{_nearest_existing(path.parent)} is a file, not a folder", errno.ENOTDIR) from e
-    except OSError as e:
-        err = output_error(path, e)
-        if err is None:
-            raise
-        raise err from e
-    tmp = path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
+    _make_parent(path)
+    tmp = _temp_name(path)
     stage: list[tuple[Path, Path, bool, int]] | None = getattr(_STAGE, "pending", None)
     handed_over = False
     with _HoldInterrupts() as held:
@@ -370,6 +362,24 @@ def atomic_write(path: str | os.PathLike[str], *, overwrite: bool = False, mode:
                 _remove(tmp)
 
 
+def _make_parent(path: Path) -> None:
+    """Create `path`'s folder; a file in its way, a full disk or a read-only file system is an OutputError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:  # a file is in the way of the folder
+        raise OutputError(path, f"{_nearest_existing(path.parent)} is a file, not a folder", errno.ENOTDIR) from e
+    except OSError as e:
+        err = output_error(path, e)
+        if err is None:
+            raise
+        raise err from e
+
+
+def _temp_name(path: Path) -> Path:
+    """The hidden temporary beside `path`: `.tmp-<8 hex>-<name>` (train.rundir removes stale ones by this shape)."""
+    return path.with_name(f".tmp-{secrets.token_hex(4)}-{path.name}")
+
+
 def copytree_atomic(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
     """Copy the folder `src` to `dest` (which must not exist) as one step: into a hidden temporary folder beside
     `dest`, renamed onto it when complete. A failed copy (a full disk: OutputError) leaves no `dest` and no
@@ -379,14 +389,8 @@ def copytree_atomic(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -
     dest = Path(dest)
     if os.path.lexists(dest):
         raise FileExistsError(f"{dest} already exists")
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        err = output_error(dest, e)
-        if err is None:
-            raise
-        raise err from e
-    tmp = dest.with_name(f".tmp-{secrets.token_hex(4)}-{dest.name}")
+    _make_parent(dest)
+    tmp = _temp_name(dest)
     try:
         shutil.copytree(src, tmp)
         os.rename(tmp, dest)

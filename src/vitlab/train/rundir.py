@@ -42,7 +42,7 @@ LOCK_NAME = ".vitlab-run.lock"
 
 # The files a run writes with `vitlab.io.write_atomic`, by folder: a `.tmp-<hex>-<name>` temporary of one of them
 # found at the start of the run (which holds the lock) was left by a killed write of an earlier process of it.
-_TMP = r"\.tmp-[0-9a-f]{8}-"
+_TMP = r"(?:\.tmp-[0-9a-f]{8}-)+"  # nested writes (a staged group) stack the prefix
 _STALE_TEMPS = {
     "": re.compile(_TMP + r"(recipe\.yaml|model\.safetensors|report\.json|report\.md|curves\.png)"),
     "checkpoints": re.compile(_TMP + r"step_\d{8}\.(safetensors|state\.pt)"),
