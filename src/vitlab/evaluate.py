@@ -225,8 +225,7 @@ def evaluate_checkpoint(
         BadImageWarning: For each bad file or damaged tar member skipped, and once more when fewer samples were
             evaluated than expected (the result's `expected_samples`, `num_skipped` and `skipped` say which).
     """
-    from .data import BadImageWarning, build_eval_data, parse_data_spec, preprocess_of
-    from .data.workers import skipped_summary
+    from .data import build_eval_data, parse_data_spec, preprocess_of
     from .optimize import MODES, optimize
     from .precision import resolve_precision
     from .preprocess import cli_overrides, data_overrides
@@ -252,18 +251,9 @@ def evaluate_checkpoint(
     net: nn.Module = model
     if mode != "fp32":
         net, precision = optimize(model, mode), "fp32"  # the mode sets its own dtype; no autocast around it
-    batches: Iterable = ev
-    if progress:
-        from tqdm import tqdm
-
-        batches = tqdm(ev, desc="eval", unit="batch", dynamic_ncols=True, leave=False)
-    result = evaluate(net, batches, cfg.num_classes, device=dev, precision=precision, class_names=list(ev.classes),
-                      tta=tta)
-    bad = skipped_summary(ev.report)
-    expected = ev.report.get("expected_samples", ev.num_samples)
-    if expected is not None and result.num_samples < expected:
-        warnings.warn(f"evaluated {result.num_samples} of the {expected} samples expected in {data} / {split} "
-                      f"({bad['num_skipped']} skipped; see the result's 'skipped')", BadImageWarning, stacklevel=2)
+    result = evaluate(net, _batches(ev, progress), cfg.num_classes, device=dev, precision=precision,
+                      class_names=list(ev.classes), tta=tta)
+    bad, expected = _skipped(ev, result, data, split)
     return CheckpointEval(
         **{f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)},
         checkpoint=str(checkpoint), data=data, split=split, mode=mode, tta=tta, precision=precision,
@@ -273,3 +263,26 @@ def evaluate_checkpoint(
         expected_from=ev.report.get("expected_from", "the samples the data lists (after its scan for bad files)"),
         **bad,
     )
+
+
+def _batches(ev: Iterable, progress: bool) -> Iterable:
+    """The eval batches, behind a tqdm bar when `progress`."""
+    if not progress:
+        return ev
+    from tqdm import tqdm
+
+    return tqdm(ev, desc="eval", unit="batch", dynamic_ncols=True, leave=False)
+
+
+def _skipped(ev: Any, result: EvalResult, data: str, split: str) -> tuple[dict[str, Any], int | None]:
+    """The data's skipped-files summary and expected sample count; warns when fewer samples were evaluated."""
+    from .data import BadImageWarning
+    from .data.workers import skipped_summary
+
+    bad = skipped_summary(ev.report)
+    expected = ev.report.get("expected_samples", ev.num_samples)
+    if expected is not None and result.num_samples < expected:
+        warnings.warn(f"evaluated {result.num_samples} of the {expected} samples expected in {data} / {split} "
+                      f"({bad['num_skipped']} skipped; see the result's 'skipped')", BadImageWarning,
+                      stacklevel=3)  # evaluate_checkpoint's caller, as before this helper
+    return bad, expected

@@ -67,21 +67,8 @@ def infer_config(
         (config, inferred fields -> value, messages on guesses the shapes cannot settle).
     """
     known = dict(known or {})
-    if "patch_embed.proj.weight" not in state:
-        raise WeightsError(f"{source}: no patch embedding tensor, cannot infer the architecture")
-    for name, ndim in _RANKS.items():  # the shapes read below: a damaged file must not reach them as IndexError
-        if name in state and state[name].dim() not in ndim:
-            raise WeightsError(f"{source}: {name} has shape {tuple(state[name].shape)}; a ViT's has {ndim[0]} "
-                               "dimensions")
-    D, C, ph, pw = state["patch_embed.proj.weight"].shape
-    if ph != pw:
-        raise WeightsError(f"{source}: non-square patches {ph}x{pw} are not supported")
-    blocks = {int(m.group(1)) for k in state if (m := _BLOCK_RE.match(k))}
-    if not blocks:
-        raise WeightsError(f"{source}: no Transformer blocks found")
-    if "blocks.0.mlp.fc1.weight" not in state:
-        raise WeightsError(f"{source}: no blocks.0.mlp.fc1.weight (the first block's MLP), cannot infer the "
-                           "architecture")
+    blocks = _check_tensors(state, source)
+    D, C, ph, _ = state["patch_embed.proj.weight"].shape
     hybrid = _hybrid_fields(state, source)
     inferred: dict[str, Any] = dict(
         embed_dim=int(D), in_chans=int(C), patch_size=int(ph), depth=max(blocks) + 1,
@@ -122,15 +109,7 @@ def infer_config(
         notes.append(f"pos_embed={known['pos_embed']!r} stores no table, so the file does not fix the input size: "
                      "img_size=224 assumed (pass img_size=... if it was trained at another)")
     if "num_heads" not in known:
-        row = next((name for name, r in _WIDTHS.items() if r["embed_dim"] == D), None)
-        if row is not None:
-            inferred["num_heads"] = _WIDTHS[row]["num_heads"]
-            why = f"the ViT-{row} row of the variant table"
-        elif D % 64 == 0:
-            inferred["num_heads"] = int(D) // 64
-            why = "head width 64, as in every named variant"
-        else:
-            raise WeightsError(f"{source}: cannot infer num_heads for width {D}; pass num_heads=... to load_model")
+        inferred["num_heads"], why = _guess_num_heads(int(D), source)
         notes.append(f"num_heads={inferred['num_heads']} taken from {why}: the tensors do not store it; pass "
                      "num_heads=... if the checkpoint was trained with another")
     fields = {**inferred, **{k: v for k, v in known.items() if k != "class_names"}}
@@ -141,6 +120,36 @@ def infer_config(
     except (ValueError, TypeError) as e:  # e.g. a zero-sized tensor gives mlp_dim=0
         raise WeightsError(f"{source}: the tensor shapes give no valid ViT: {e}") from e
     return cfg, shown, notes
+
+
+def _check_tensors(state: dict[str, torch.Tensor], source: str) -> set[int]:
+    """Refuse a state dict whose tensors cannot be read as a ViT; returns its block indices."""
+    if "patch_embed.proj.weight" not in state:
+        raise WeightsError(f"{source}: no patch embedding tensor, cannot infer the architecture")
+    for name, ndim in _RANKS.items():  # the shapes read below: a damaged file must not reach them as IndexError
+        if name in state and state[name].dim() not in ndim:
+            raise WeightsError(f"{source}: {name} has shape {tuple(state[name].shape)}; a ViT's has {ndim[0]} "
+                               "dimensions")
+    _, _, ph, pw = state["patch_embed.proj.weight"].shape
+    if ph != pw:
+        raise WeightsError(f"{source}: non-square patches {ph}x{pw} are not supported")
+    blocks = {int(m.group(1)) for k in state if (m := _BLOCK_RE.match(k))}
+    if not blocks:
+        raise WeightsError(f"{source}: no Transformer blocks found")
+    if "blocks.0.mlp.fc1.weight" not in state:
+        raise WeightsError(f"{source}: no blocks.0.mlp.fc1.weight (the first block's MLP), cannot infer the "
+                           "architecture")
+    return blocks
+
+
+def _guess_num_heads(width: int, source: str) -> tuple[int, str]:
+    """num_heads for a width the tensors do not settle, and where it came from."""
+    row = next((name for name, r in _WIDTHS.items() if r["embed_dim"] == width), None)
+    if row is not None:
+        return _WIDTHS[row]["num_heads"], f"the ViT-{row} row of the variant table"
+    if width % 64 == 0:
+        return width // 64, "head width 64, as in every named variant"
+    raise WeightsError(f"{source}: cannot infer num_heads for width {width}; pass num_heads=... to load_model")
 
 
 def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:
