@@ -114,3 +114,19 @@ def test_evaluators_may_be_added_when_resuming(tmp_path, synthetic_data):
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows if r["split"] == "fewshot"] == [4, 5]
     assert [r["step"] for r in rows if r["split"] == "train"] == [1, 2, 3, 4, 5]
+
+
+def test_meter_measures_the_peak_again_when_the_run_outruns_it(monkeypatch):
+    """A probe taken while the cores were busy under-states the peak; MFU must not then read above 100%."""
+    from vitlab import ViTConfig
+    from vitlab.train import meter
+
+    monkeypatch.setattr(meter, "peak_flops", lambda *a, **k: 1.0)  # a probe that ran on a busy machine
+    probes = []
+    monkeypatch.setattr(meter, "measure_peak", lambda *a, seconds=0.2: probes.append(seconds) or 1e18)
+    m = meter.Meter(ViTConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64), "cpu", "fp32")
+    m.start(0.0, 0, 0)
+    speed = m.interval(1.0, 100, 1, 10, (32, 32))
+    assert probes == [1.0] and 0 < speed.mfu < 1
+    m.interval(2.0, 200, 2, 10, (32, 32))
+    assert probes == [1.0]  # measured again once, not at every interval

@@ -20,8 +20,13 @@ from ..flops import count_flops
 
 @functools.cache
 def peak_flops(device_type: str = "cpu", precision: str = "fp32", *, seconds: float = 0.2) -> float:
+    """`measure_peak`, cached per process."""
+    return measure_peak(device_type, precision, seconds=seconds)
+
+
+def measure_peak(device_type: str = "cpu", precision: str = "fp32", *, seconds: float = 0.2) -> float:
     """Measured peak FLOP/s of a square matmul on `device_type` in `precision` ("bf16" or "fp32"): the best of
-    repeated multiplies over about `seconds` (at least three), after one warm-up. Cached per process."""
+    repeated multiplies over about `seconds` (at least three), after one warm-up."""
     n = 4096 if device_type == "cuda" else 1024
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
@@ -67,7 +72,9 @@ class Meter:
 
     def __init__(self, cfg: ViTConfig, device_type: str, precision: str, world_size: int = 1) -> None:
         self.cfg = cfg
+        self._probe = (device_type, precision, world_size)
         self.peak = peak_flops(device_type, precision) * world_size
+        self._reprobed = False
         self._time = 0.0  # training seconds at the last `interval` call
         self._images = 0
         self._start = (0.0, 0)  # (training seconds, step) when this process started: see `start`
@@ -78,7 +85,14 @@ class Meter:
         dt, di = train_time_s - self._time, images_seen - self._images
         self._time, self._images = train_time_s, images_seen
         ips = di / dt if dt > 0 else 0.0
-        mfu = ips * count_flops(self.cfg, hw, backward=True) / self.peak
+        achieved = ips * count_flops(self.cfg, hw, backward=True)
+        if achieved > self.peak and not self._reprobed:
+            # the probe ran while something else held the cores (a busy machine at start-up): measure again, longer
+            self._reprobed = True
+            device_type, precision, world_size = self._probe
+            again = measure_peak(device_type, precision, seconds=1.0) * world_size
+            self.peak = max(self.peak, again)
+        mfu = achieved / self.peak
         t0, s0 = self._start
         steps_here = step - s0
         eta = (train_time_s - t0) / steps_here * (total_steps - step) if steps_here > 0 else float("nan")
