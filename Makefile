@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean bench floors
+.PHONY: demo test lint install clean bench floors dataset browser
 
 $(STAMP): pyproject.toml requirements-lock.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,13 @@ dataset:
 demo: $(STAMP) dataset
 	$(BIN)/vitlab demo
 
-test: $(STAMP) dataset
+# Headless chromium for the tests that open the HTML reports (tests/browser.py); skipped where it cannot be installed.
+browser:
+	@test -x /usr/bin/chromedriver || \
+	  (command -v apt-get >/dev/null && (apt-get install -y -q chromium chromium-driver >/dev/null || (apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null))) || \
+	  echo "warning: could not install chromium + chromium-driver (needs root); the browser tests will be skipped"
+
+test: $(STAMP) dataset browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q

@@ -74,7 +74,7 @@ def test_wheel_holds_the_package_data(wheel):
     assert not any(n.startswith(("tests/", "configs/", "benchmarks/")) for n in names)
     assert f"\nVersion: {vitlab.__version__}\n" in meta  # one version string: pyproject reads vitlab.__version__
     extras = {line.split(":", 1)[1].strip() for line in meta.splitlines() if line.startswith("Provides-Extra:")}
-    assert {"train", "analysis", "export", "data", "bench", "all", "test"} <= extras
+    assert {"train", "analysis", "export", "data", "bench", "paper", "all", "test"} <= extras
 
 
 def test_checkout_configs_is_the_shipped_recipes():
@@ -127,7 +127,8 @@ def test_extras_table_matches_pyproject():
         out = set()
         for req in declared[extra]:
             name = req.split(">")[0].split("=")[0].split("[")[0].strip()
-            out |= modules_of_all(req) if name == "vitlab" else {name.lower().replace("-", "_")}
+            module = name.lower().replace("-", "_")
+            out |= modules_of_all(req) if name == "vitlab" else {_extras.IMPORT_NAMES.get(module, module)}
         return out
 
     def modules_of_all(req: str) -> set[str]:

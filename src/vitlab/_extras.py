@@ -23,7 +23,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "export": ("onnx", "onnxruntime", "onnxscript"),
     "data": ("webdataset",),
     "bench": ("matplotlib", "timm", "transformers", "onnx", "onnxruntime", "onnxscript"),
+    "paper": ("sklearn", "matplotlib"),
+    "openvino": ("openvino", "nncf"),
 }
+# pip distribution names whose import name differs (pyproject lists distributions; EXTRAS lists modules)
+IMPORT_NAMES: dict[str, str] = {"scikit_learn": "sklearn"}
 
 
 class MissingExtraError(ModuleNotFoundError):

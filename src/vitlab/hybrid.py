@@ -47,6 +47,9 @@ EPS = {
     # Google's vit_jax: models_resnet.weight_standardize(w, axis=[0, 1, 2], eps=1e-5) divides by std + eps;
     # flax.linen.GroupNorm's epsilon defaults to 1e-6
     "vit_jax": Eps(ws=1e-5, ws_on_std=True, gn=1e-6),
+    # Google's BiT in PyTorch (big_transfer bit_pytorch/models.py: StdConv2d divides by sqrt(var + 1e-10);
+    # nn.GroupNorm's default 1e-5), the reference for its released `.npz` files
+    "bit": Eps(ws=1e-10, ws_on_std=False, gn=1e-5),
 }
 
 
@@ -61,10 +64,11 @@ def _same_pad(x: torch.Tensor, k: int, s: int, value: float = 0.0) -> torch.Tens
 
 
 class StdConv2d(nn.Conv2d):
-    """Convolution with weight standardisation (each filter: zero mean, unit variance), "SAME" padding, no bias."""
+    """Convolution with weight standardisation (each filter: zero mean, unit variance), no bias; "SAME" padding,
+    or with `same=False` PyTorch's symmetric k // 2 (BiT's PyTorch port and timm's `resnetv2_*_bit`)."""
 
-    def __init__(self, cin: int, cout: int, k: int, stride: int = 1, eps: str = "timm"):
-        super().__init__(cin, cout, k, stride=stride, padding=0, bias=False)
+    def __init__(self, cin: int, cout: int, k: int, stride: int = 1, eps: str = "timm", same: bool = True):
+        super().__init__(cin, cout, k, stride=stride, padding=0 if same else k // 2, bias=False)
         self.eps, self.on_std = EPS[eps].ws, EPS[eps].ws_on_std
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,6 +77,8 @@ class StdConv2d(nn.Conv2d):
         var = w.var(dim=(1, 2, 3), keepdim=True, unbiased=False)
         w = (w - mean) / (var.sqrt() + self.eps if self.on_std else torch.sqrt(var + self.eps))
         k, s = self.kernel_size[0], self.stride[0]
+        if self.padding != (0, 0):  # symmetric padding (same=False)
+            return F.conv2d(x, w, None, s, self.padding)
         if s == 1 and k % 2:  # SAME at stride 1 is symmetric for odd k: the convolution pads, no padded copy
             return F.conv2d(x, w, None, 1, (k - 1) // 2)
         if k == 1:  # SAME never pads a 1x1 window; subsampling first is the same result, ~30% faster to train
@@ -81,10 +87,10 @@ class StdConv2d(nn.Conv2d):
 
 
 class GroupNormAct(nn.GroupNorm):
-    """GroupNorm (32 groups) followed by ReLU unless `act=False`."""
+    """GroupNorm (32 groups unless `groups` says otherwise) followed by ReLU unless `act=False`."""
 
-    def __init__(self, channels: int, act: bool = True, eps: str = "timm"):
-        super().__init__(GROUPS, channels, eps=EPS[eps].gn)
+    def __init__(self, channels: int, act: bool = True, eps: str = "timm", groups: int = GROUPS):
+        super().__init__(groups, channels, eps=EPS[eps].gn)
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

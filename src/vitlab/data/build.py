@@ -10,9 +10,10 @@ from .._extras import needs
 from .arrays import ArrayDataset, stratified_holdout
 from .config import FASHION_MNIST_ROOT, DataConfig
 from .stream import ArrayEvalData, ArrayTrainStream, EvalData, TrainStream
+from .subsets import labels_per_class, select_classes, train_subset
 
 SPLITS = ("train", "val", "test")
-ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic")
+ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic", "digits")
 
 
 def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
@@ -21,6 +22,10 @@ def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
         from .synthetic import load_synthetic
 
         return load_synthetic(split, cfg.num_samples)
+    if cfg.dataset == "digits":  # scikit-learn's bundled file
+        from .digits import load_digits_split
+
+        return load_digits_split(split)
     root = os.path.abspath(cfg.root or FASHION_MNIST_ROOT)
     if not os.path.exists(root):
         hint = (" (install Debian's dataset-fashion-mnist, e.g. `make dataset`, or set data.root to a folder with "
@@ -45,7 +50,9 @@ def _load_cached(dataset: str, root: str, split: str, stamp: tuple) -> ArrayData
     return data
 
 
-def _rename(data: ArrayDataset, cfg: DataConfig) -> ArrayDataset:
+def _label_space(data: ArrayDataset, cfg: DataConfig) -> ArrayDataset:
+    if cfg.classes is not None:
+        data = select_classes(data, cfg.classes, cfg.dataset)
     if cfg.class_names is None:
         return data
     if len(cfg.class_names) != len(data.classes):
@@ -60,15 +67,26 @@ def _array_split(cfg: DataConfig, split: str) -> tuple[ArrayDataset, dict[str, A
     if split == "val" and cfg.val_fraction <= 0:
         raise ValueError("split 'val' is the hold-out part of train; set data.val_fraction > 0 (e.g. 0.02)")
     if split == "test":
-        data = _load_array_split(cfg, "test")
-        return _rename(data, cfg), {"dataset": cfg.dataset, "split": "test", "samples": len(data), "num_skipped": 0,
-                                    "skipped": []}
-    full = _load_array_split(cfg, "train")
+        data = _label_space(_load_array_split(cfg, "test"), cfg)
+        return data, {"dataset": cfg.dataset, "split": "test", "samples": len(data), "num_skipped": 0, "skipped": []}
+    full = _label_space(_load_array_split(cfg, "train"), cfg)
     train_idx, val_idx = stratified_holdout(full.labels, cfg.val_fraction, cfg.val_seed)
+    report: dict[str, Any] = {"train_samples": len(train_idx), "val_samples": len(val_idx)}
+    if split == "train" and (cfg.train_subset is not None or cfg.labels_per_class is not None):
+        what = f"{cfg.dataset} training split"
+        labels = full.labels[train_idx]
+        if cfg.train_subset is not None:
+            pick = train_subset(labels, cfg.train_subset, cfg.subset_seed, what)
+            report["train_subset"] = cfg.train_subset
+        else:
+            pick = labels_per_class(labels, int(cfg.labels_per_class or 0), cfg.subset_seed, what)
+            report["labels_per_class"] = cfg.labels_per_class
+        train_idx = train_idx[pick]
+        report["subset_seed"] = cfg.subset_seed
     data = full.subset(train_idx if split == "train" else val_idx)
-    report = {"dataset": cfg.dataset, "split": split, "samples": len(data), "train_samples": len(train_idx),
-              "val_samples": len(val_idx), "num_skipped": 0, "skipped": []}  # IDX/CIFAR files are all-or-nothing
-    return _rename(data, cfg), report
+    report = {"dataset": cfg.dataset, "split": split, "samples": len(data), **report, "num_skipped": 0,
+              "skipped": []}  # IDX/CIFAR files are all-or-nothing
+    return data, report
 
 
 def build_train_stream(

@@ -9,7 +9,8 @@ from typing import Any
 
 from ..config import check_bool, check_keys, check_number
 
-DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset", "synthetic")
+DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset", "synthetic", "digits")
+BUILTIN = ("fashion_mnist", "synthetic", "digits")  # need no data.root
 NORMALIZE = ("inception", "imagenet")
 EVAL_RESIZE = ("resize", "center_crop")
 ERASING_VALUES = ("random", "zero")
@@ -24,7 +25,8 @@ class DataConfig:
 
     Attributes:
         dataset: One of `DATASETS`. "synthetic" is generated in memory, shaped like Fashion-MNIST (no root;
-            see `vitlab.data.synthetic`), for tests and smoke runs.
+            see `vitlab.data.synthetic`), for tests and smoke runs. "digits" is scikit-learn's 1,797 real 8x8
+            handwritten digits with a fixed 1,297 / 500 train / test split (no root; `vitlab.data.digits`).
         root: Dataset location. fashion_mnist defaults to Debian's /usr/share/datasets/fashion-mnist;
             imagefolder: a class tree, or a folder with `train_subdir` / `test_subdir` class trees;
             cifar10/100: the folder holding (or being) cifar-10-batches-bin / cifar-100-binary;
@@ -63,7 +65,14 @@ class DataConfig:
         num_samples: webdataset: samples in the training shards, needed when shards are not local files;
             synthetic: training samples (default 60,000; the test split gets a sixth as many).
         num_classes: webdataset: classes, needed when shards are not local files.
-        class_names: Optional names of the classes (webdataset, or to rename any dataset's classes).
+        class_names: Optional names of the classes (webdataset, or to rename any dataset's classes; after
+            `classes`).
+        classes: Keep only these class indices, relabelled 0..k-1 in the order given (every split; in-memory
+            datasets).
+        train_subset: Train on a random N-image subset of the training split (after `classes` and the val
+            hold-out), stratified and nested: for one `subset_seed` the smaller subsets are prefixes of the bigger.
+        labels_per_class: Train on K images per class (nested for growing K); excludes `train_subset`.
+        subset_seed: Seed of `train_subset` / `labels_per_class`.
     """
 
     dataset: str = "fashion_mnist"
@@ -94,6 +103,10 @@ class DataConfig:
     num_samples: int | None = None
     num_classes: int | None = None
     class_names: list[str] | None = None
+    classes: list[int] | None = None
+    train_subset: int | None = None
+    labels_per_class: int | None = None
+    subset_seed: int = 0
 
     def __post_init__(self) -> None:
         for name in PAIRS:
@@ -106,7 +119,7 @@ class DataConfig:
         """Raise ValueError naming the first bad field."""
         if self.dataset not in DATASETS:
             raise ValueError(f"data.dataset must be one of {DATASETS}, got {self.dataset!r}")
-        if self.dataset not in ("fashion_mnist", "synthetic") and not self.root:
+        if self.dataset not in BUILTIN and not self.root:
             raise ValueError(f"data.root is required for dataset {self.dataset!r}")
         check_number("data.val_fraction", self.val_fraction, lo=0.0, hi=1.0, hi_open=True, what="in [0, 1)")
         check_number("data.val_seed", self.val_seed, integer=True, lo=0, what="an int >= 0")
@@ -137,9 +150,31 @@ class DataConfig:
             check_bool(f"data.{name}", getattr(self, name))
         check_number("data.num_workers", self.num_workers, integer=True, lo=0, what="an int >= 0")
         check_number("data.shuffle_buffer", self.shuffle_buffer, integer=True, lo=1, what="a positive int")
+        self._validate_subsets()
         for name in ("num_samples", "num_classes", "max_image_pixels"):
             check_number(f"data.{name}", getattr(self, name), integer=True, lo=1, allow_none=True,
                          what="None or a positive int")
+
+    def _validate_subsets(self) -> None:
+        if self.classes is not None:
+            if isinstance(self.classes, tuple):
+                self.classes = list(self.classes)
+            if not isinstance(self.classes, list) or len(self.classes) < 2:
+                raise ValueError(f"data.classes must be a list of at least two class indices, got {self.classes!r}")
+            for i, c in enumerate(self.classes):
+                check_number(f"data.classes[{i}]", c, integer=True, lo=0, what="a class index (an int >= 0)")
+            if len(set(self.classes)) != len(self.classes):
+                raise ValueError(f"data.classes lists a class twice: {self.classes!r}")
+        for name in ("train_subset", "labels_per_class"):
+            check_number(f"data.{name}", getattr(self, name), integer=True, lo=1, allow_none=True,
+                         what="None or a positive int")
+        if self.train_subset is not None and self.labels_per_class is not None:
+            raise ValueError("data.train_subset and data.labels_per_class both set; choose one")
+        check_number("data.subset_seed", self.subset_seed, integer=True, lo=0, what="an int >= 0")
+        if (self.classes is not None or self.train_subset is not None or self.labels_per_class is not None) and \
+                self.dataset in ("imagefolder", "webdataset"):
+            raise ValueError(f"data.classes, data.train_subset and data.labels_per_class work on in-memory datasets "
+                             f"(fashion_mnist, mnist, cifar10, cifar100, synthetic, digits), not {self.dataset!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

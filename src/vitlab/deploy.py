@@ -1,0 +1,310 @@
+"""Deployment runtimes: our model run by OpenVINO or ONNX Runtime, behind the fp32-in, fp32-out contract of
+`vitlab.optimize`.
+
+    fast = to_openvino(model, example)                              # OpenVINO CPU plugin, fp32
+    fast = to_openvino(model, example, precision="bf16")            # bf16 where the CPU has it (AVX512-BF16, AMX)
+    fast = to_openvino(model, example, int8=True, calib=images)     # NNCF post-training quantisation, defaults
+    fast = to_onnxruntime(model, example, int8=True, calib=images)  # ORT static QDQ int8 (U8 activations, S8 weights)
+    logits = fast(images)                                           # (B, num_classes) fp32 torch tensor
+
+Each returns an `OptimizedModel` (see vitlab.optimize) whose `.module` is a `RuntimeModule` holding the compiled
+graph: it takes fp32 (or any float) images (B, C, H, W) on the CPU, with B free, and returns fp32 logits.
+`save_openvino` / `save_onnx` write what these build (vitlab.export uses them).
+
+int8 needs calibration images: real images prepared the way the model expects ((N, C, H, W) tensor, or an
+iterable of such batches or of (images, labels) pairs, e.g. `vitlab.data.build_eval_data(...)`); NNCF's default
+takes 300 of them. OpenVINO's graph comes from the PyTorch model directly (`openvino.convert_model`, which keeps
+`scaled_dot_product_attention` as one op); ONNX Runtime's from `vitlab.export.export_onnx` (torch.onnx, dynamo).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ._extras import require
+from .optimize import OptimizedModel
+
+OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # ours -> OpenVINO's INFERENCE_PRECISION_HINT
+ORT_INT8_METHODS = ("static", "dynamic")
+DEFAULT_CALIB_IMAGES = 300  # NNCF's default subset_size
+
+
+class RuntimeModule(nn.Module):
+    """A compiled runtime graph as a module: (B, C, H, W) float images -> (B, num_classes) fp32 logits.
+
+    Attributes:
+        runtime: "openvino" or "onnxruntime".
+        precision: "fp32", "bf16" or "int8" (what the runtime computes in).
+        chw: The (C, H, W) the graph was built for.
+    """
+
+    def __init__(self, run: Callable[[np.ndarray], np.ndarray], runtime: str, precision: str,
+                 chw: tuple[int, int, int], keep: Any = None):
+        super().__init__()
+        self._run = run
+        self._keep = keep  # what the runtime needs alive (its compiled model or session)
+        self.runtime, self.precision, self.chw = runtime, precision, chw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or tuple(x.shape[1:]) != self.chw:
+            raise ValueError(f"{self.runtime} model takes images (B, {', '.join(map(str, self.chw))}), got "
+                             f"{tuple(x.shape)}")
+        a = np.ascontiguousarray(x.detach().to("cpu", torch.float32).numpy())  # (B, C, H, W) fp32
+        return torch.from_numpy(np.asarray(self._run(a), dtype=np.float32)).to(x.device)  # (B, num_classes)
+
+    def extra_repr(self) -> str:
+        return f"runtime={self.runtime!r}, precision={self.precision!r}, chw={self.chw}"
+
+
+# -- inputs ------------------------------------------------------------------------------------------------
+
+
+def _chw(model: nn.Module, example: torch.Tensor) -> tuple[int, int, int]:
+    """(C, H, W) of `example`, checked against the model's config and that the model is an fp32 CPU model."""
+    params = list(model.parameters())
+    dtypes = {p.dtype for p in params}
+    if dtypes != {torch.float32}:
+        raise ValueError(f"deploying needs an fp32 model, got parameters in {sorted(map(str, dtypes))}")
+    if any(p.device.type != "cpu" for p in params):
+        raise ValueError("OpenVINO and ONNX Runtime deployment run on the CPU; move the model with .cpu()")
+    if not isinstance(example, torch.Tensor) or example.dim() != 4:
+        raise ValueError(f"example must be a (B, C, H, W) image tensor, got "
+                         f"{tuple(example.shape) if isinstance(example, torch.Tensor) else type(example).__name__}")
+    chw = (int(example.shape[1]), int(example.shape[2]), int(example.shape[3]))
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and chw[0] != cfg.in_chans:
+        raise ValueError(f"example has {chw[0]} channel(s) but the model takes in_chans={cfg.in_chans}")
+    return chw
+
+
+def calibration_batches(calib: Any, chw: tuple[int, int, int], limit: int = DEFAULT_CALIB_IMAGES
+                        ) -> list[np.ndarray]:
+    """`calib` as a list of fp32 (1, C, H, W) arrays, at most `limit` images, each checked against `chw`.
+
+    Args:
+        calib: A (N, C, H, W) tensor, or an iterable of such tensors or of (images, labels, ...) tuples.
+        chw: The (C, H, W) the model takes.
+        limit: Images to keep.
+
+    Raises:
+        ValueError: No images, or images of another shape or channel count (the message says which).
+    """
+    if calib is None:
+        raise ValueError("int8 needs calibration images (calib=...): real images prepared as for the model")
+    batches: Iterable[Any] = [calib] if isinstance(calib, torch.Tensor | np.ndarray) else calib
+    out: list[np.ndarray] = []
+    for b in batches:
+        x = b[0] if isinstance(b, tuple | list) else b
+        x = torch.as_tensor(x)
+        if x.dim() == 3:
+            x = x[None]
+        if x.dim() != 4 or tuple(x.shape[1:]) != chw:
+            what = "channel(s)" if x.dim() == 4 and x.shape[1] != chw[0] else "shape"
+            raise ValueError(f"calibration images have {what} {tuple(x.shape[1:]) if x.dim() == 4 else tuple(x.shape)}"
+                             f" but the model takes (C, H, W) = {chw}")
+        if not x.is_floating_point():
+            raise ValueError(f"calibration images must be float images prepared for the model, got {x.dtype}")
+        out += [a[None] for a in x.detach().to("cpu", torch.float32).numpy()][: limit - len(out)]
+        if len(out) >= limit:
+            break
+    if not out:
+        raise ValueError("the calibration data holds no images")
+    return out
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the converters' narration (stdout, progress bars) and tracer warnings during a build."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
+# -- OpenVINO ----------------------------------------------------------------------------------------------
+
+
+def openvino_model(model: nn.Module, example: torch.Tensor, *, int8: bool = False, calib: Any = None,
+                   calib_images: int = DEFAULT_CALIB_IMAGES) -> Any:
+    """The OpenVINO graph (`openvino.Model`) of `model`, batch dimension dynamic; with `int8`, quantised by NNCF's
+    post-training quantisation (its defaults) calibrated on `calib`.
+
+    Raises:
+        MissingExtraError: openvino (or nncf for int8) is not installed.
+        ValueError: A model that is not fp32 on the CPU, bad calibration images, or a model OpenVINO cannot convert.
+    """
+    ov = require("openvino", "openvino", "OpenVINO deployment")
+    nncf = require("nncf", "openvino", "OpenVINO int8 (NNCF)") if int8 else None
+    chw = _chw(model, example)
+    data = calibration_batches(calib, chw, calib_images) if int8 else None
+    model = model.eval()
+    try:
+        with _quiet(), torch.no_grad():
+            ov_model = ov.convert_model(model, example_input=example, input=[(-1, *chw)])
+    except Exception as e:
+        raise ValueError(f"OpenVINO cannot convert this model: {_first_line(e)}") from e
+    if nncf is not None and data is not None:
+        with _quiet():
+            ov_model = nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data))
+    return ov_model
+
+
+def to_openvino(model: nn.Module, example: torch.Tensor, *, int8: bool = False, calib: Any = None,
+                precision: str = "fp32", threads: int | None = None, calib_images: int = DEFAULT_CALIB_IMAGES
+                ) -> OptimizedModel:
+    """`model` compiled by OpenVINO's CPU plugin, as a module with vitlab.optimize's fp32-in, fp32-out contract.
+
+    Args:
+        model: An fp32 classifier on the CPU (a VisionTransformer or anything taking (B, C, H, W) images).
+        example: Images of the input shape (B, C, H, W); B is left dynamic.
+        int8: Quantise with NNCF (post-training, defaults) on `calib`.
+        calib: Calibration images (see `calibration_batches`); needed with `int8`.
+        precision: "fp32" or "bf16": the CPU plugin's inference precision for what is not int8.
+        threads: Inference threads (default: torch's).
+        calib_images: At most this many calibration images.
+
+    Raises:
+        MissingExtraError: openvino / nncf is not installed (`pip install 'vitlab[openvino]'`).
+        ValueError: An unknown precision, bf16 on a CPU without it, bad inputs, a model OpenVINO cannot convert.
+    """
+    if precision not in OV_PRECISIONS:
+        raise ValueError(f"unknown OpenVINO precision {precision!r}; choose from {', '.join(OV_PRECISIONS)}")
+    ov_model = openvino_model(model, example, int8=int8, calib=calib, calib_images=calib_images)
+    compiled = compile_openvino(ov_model, precision=precision, threads=threads)
+    chw = _chw(model, example)
+    name = "int8" if int8 else precision
+    run = _ov_runner(compiled)
+    mode = "openvino" + ("-int8" if int8 else "-bf16" if precision == "bf16" else "")
+    return OptimizedModel(RuntimeModule(run, "openvino", name, chw, keep=compiled), mode, torch.float32)
+
+
+def compile_openvino(ov_model: Any, *, precision: str = "fp32", threads: int | None = None) -> Any:
+    """`ov_model` compiled for the CPU in `precision` ("fp32" pinned: OpenVINO picks bf16 itself on AMX CPUs)."""
+    ov = require("openvino", "openvino", "OpenVINO deployment")
+    core = ov.Core()
+    if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        raise ValueError("OpenVINO bf16 needs a CPU with bf16 support (AVX512-BF16 or AMX); this one has none")
+    config = {"INFERENCE_PRECISION_HINT": OV_PRECISIONS[precision],
+              "INFERENCE_NUM_THREADS": int(threads or torch.get_num_threads())}
+    return core.compile_model(ov_model, "CPU", config)
+
+
+def _ov_runner(compiled: Any) -> Callable[[np.ndarray], np.ndarray]:
+    request = compiled.create_infer_request()
+    out = compiled.output(0)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return request.infer({0: x})[out].copy()  # the request reuses its output buffer: copy before the next call
+
+    return run
+
+
+def save_openvino(ov_model: Any, path: str | Path) -> None:
+    """Write `ov_model` as IR (`path` .xml + .bin beside it), weights as they are (no fp16 compression)."""
+    ov = require("openvino", "openvino", "OpenVINO export")
+    ov.save_model(ov_model, str(path), compress_to_fp16=False)
+
+
+# -- ONNX Runtime ------------------------------------------------------------------------------------------
+
+
+def onnx_file(model: nn.Module, example: torch.Tensor, folder: Path, *, int8: bool = False, calib: Any = None,
+              method: str = "static", calib_images: int = DEFAULT_CALIB_IMAGES) -> Path:
+    """Write `model` as ONNX into `folder` (fp32, `vitlab.export.export_onnx`) and, with `int8`, quantise it with
+    onnxruntime.quantization: "static" = QDQ, U8 activations calibrated (min-max) on `calib`, S8 weights per
+    output channel; "dynamic" = S8 weights, activations quantised per call. Returns the path of the file to run."""
+    from .export import export_onnx
+
+    if method not in ORT_INT8_METHODS:
+        raise ValueError(f"unknown ONNX Runtime int8 method {method!r}; choose from {', '.join(ORT_INT8_METHODS)}")
+    require("onnxruntime", "export", "ONNX Runtime deployment")
+    chw = _chw(model, example)
+    if getattr(model, "cfg", None) is None:
+        raise ValueError("ONNX export takes a vitlab model (with .cfg)")
+    data = calibration_batches(calib, chw, calib_images) if int8 and method == "static" else None
+    fp32 = Path(folder) / "model.onnx"
+    export_onnx(model.eval(), fp32, img_size=chw[1:], verify_batches=(), overwrite=True)  # type: ignore[arg-type]
+    if not int8:
+        return fp32
+    from onnxruntime import quantization as q
+
+    out = Path(folder) / "model.int8.onnx"
+    with _quiet():
+        if method == "dynamic":
+            q.quantize_dynamic(fp32, out, per_channel=True, weight_type=q.QuantType.QInt8)
+        else:
+            q.quantize_static(fp32, out, _Reader(data or []), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                              activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
+                              extra_options={"CalibMaxIntermediateOutputs": 8})
+    return out
+
+
+class _Reader:
+    """onnxruntime.quantization's CalibrationDataReader over a list of (1, C, H, W) arrays."""
+
+    def __init__(self, data: list[np.ndarray]):
+        self._it = iter(data)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        x = next(self._it, None)
+        return None if x is None else {"images": x}
+
+
+def ort_session(path: str | Path, threads: int | None = None) -> Any:
+    """An onnxruntime CPU session of `path` with all graph optimisations and `threads` intra-op threads."""
+    ort = require("onnxruntime", "export", "ONNX Runtime deployment")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = int(threads or torch.get_num_threads())
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def to_onnxruntime(model: nn.Module, example: torch.Tensor, *, int8: bool = False, calib: Any = None,
+                   method: str = "static", threads: int | None = None, calib_images: int = DEFAULT_CALIB_IMAGES
+                   ) -> OptimizedModel:
+    """`model` exported to ONNX and run by ONNX Runtime's CPU provider, behind vitlab.optimize's contract.
+
+    Args:
+        model: An fp32 VisionTransformer on the CPU.
+        example: Images of the input shape (B, C, H, W); B is left dynamic.
+        int8: Quantise (onnxruntime.quantization, `method` "static" with `calib`, or "dynamic").
+        calib: Calibration images (see `calibration_batches`); needed for static int8.
+        threads: Intra-op threads (default: torch's).
+
+    Raises:
+        MissingExtraError: onnx / onnxruntime / onnxscript is not installed (`pip install 'vitlab[export]'`).
+        ValueError: Bad inputs or a model the exporter cannot express.
+    """
+    chw = _chw(model, example)
+    with tempfile.TemporaryDirectory(prefix="vitlab-ort-") as tmp:
+        try:
+            path = onnx_file(model, example, Path(tmp), int8=int8, calib=calib, method=method,
+                             calib_images=calib_images)
+        except (ValueError, ImportError):
+            raise
+        except Exception as e:
+            raise ValueError(f"ONNX export cannot express this model: {_first_line(e)}") from e
+        session = ort_session(path, threads)  # the graph is in memory now; the files may go
+    name = session.get_outputs()[0].name
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return session.run([name], {"images": x})[0]
+
+    mode = "ort-int8" if int8 else "ort"
+    return OptimizedModel(RuntimeModule(run, "onnxruntime", "int8" if int8 else "fp32", chw, keep=session), mode,
+                          torch.float32)
