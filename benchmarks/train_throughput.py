@@ -1,17 +1,27 @@
-"""Training throughput on the Fashion-MNIST recipe: vitlab's trainer against a plain timm ViT of the same shape in
-a standard PyTorch loop (torchvision FashionMNIST + per-image transforms + DataLoader, AdamW). For a hybrid
-recipe (the default, configs/fmnist_hybrid.yaml) timm's side is its ResNetV2 + HybridEmbed; "same shape" is
-checked by loading timm's state dict into vitlab's model with strict=True.
+"""Training throughput: vitlab's trainer against a plain timm loop of the same model shape, interleaved rounds.
+
+Two workloads (`--preset`):
+- `fmnist` (default; `--config`, default configs/fmnist_hybrid.yaml): vitlab's own loop (in-memory Fashion-MNIST,
+  whole-batch augmentation) against timm's ViT (for a hybrid recipe timm's ResNetV2 + HybridEmbed) in a standard
+  PyTorch loop (torchvision FashionMNIST + per-image transforms + DataLoader, AdamW).
+- `vit_s16`: ViT-S/16 at 224 px, batch 32, 1000 classes, on the same pre-made random batches for both sides (the
+  model step alone: no data pipeline on either side).
+
+"Same shape" is checked by loading timm's state dict into vitlab's model with strict=True. vitlab runs as a
+recipe does: `precision: auto` decided by measuring (`vitlab.train.tune.train_precision`, cached per machine),
+fused AdamW (`vitlab.train.optim`), torch.compile when the recipe sets it. The baseline is run in fp32 and with
+bf16 autocast (eager; for fmnist each with the DataLoader in-process and with worker processes); the fastest of
+these plain loops is the baseline of the ratio. Optionally (`--compiled-baseline`) timm with bf16 autocast under
+torch.compile, a stronger reference than the target asks for, gets its own ratio line.
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
-src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved (A, B, A, B, ...)
-so that a machine shared with other jobs slows both alike; only one side computes at a time. The table reports
-the median images/s of each side. The baseline is run in fp32 and with bf16 autocast (what a user adds on a CPU
-with AMX), each with the DataLoader in-process (num_workers=0) and with worker processes; the fastest of these
-plain loops is the baseline of the ratio. A fifth row, timm with bf16 autocast under torch.compile, is a stronger
-reference than the target asks for and gets its own ratio line.
+src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved (A, B, A, B, ...) so
+that a machine shared with other jobs slows all alike; only one side computes at a time. The table reports the
+median images/s of each side and the load average (1 min) before each round.
 
     .venv/bin/python benchmarks/train_throughput.py --rounds 5 --steps 10 -o benchmarks/results/train_throughput.md
+    .venv/bin/python benchmarks/train_throughput.py --preset vit_s16 --rounds 5 --steps 3 \
+        -o benchmarks/results/train_throughput_vit_s16.md
 """
 
 from __future__ import annotations
@@ -29,7 +39,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitlab.precision import resolve_precision
 from vitlab.train import load_recipe
 from vitlab.train.loop import build_model, train_step
 from vitlab.train.mixup import BatchMix
@@ -39,28 +48,55 @@ ROOT = Path(__file__).resolve().parents[1]
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def vitlab_side(recipe, steps_per_round: int):
-    """A closure running `steps_per_round` steps of vitlab's own loop (stream + train_step), returning images/s."""
-    from vitlab.data import DataConfig, build_train_stream
+VIT_S16 = {"model": {"name": "ViT-S/16", "img_size": 224}, "data": {"dataset": "synthetic"},
+           "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.05, "clip_grad_norm": 1.0},
+           "train": {"batch_size": 32, "steps": 10, "compile": True, "precision": "auto"}}
+NUM_CLASSES = {"fmnist": 10, "vit_s16": 1000}
 
-    cfg = recipe.model.vit_config(num_classes=10)
-    stream = build_train_stream(DataConfig.from_dict(recipe.data), img_size=cfg.img_size, in_chans=cfg.in_chans,
-                                batch_size=recipe.train.batch_size, seed=0)
-    model = build_model(recipe, num_classes=10)
+
+def synthetic_batches(recipe, num_classes: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`n` fixed random batches of the recipe's input shape (the same on both sides, made from seed 0)."""
+    cfg = recipe.model.vit_config(num_classes=num_classes)
+    g = torch.Generator().manual_seed(0)
+    b = recipe.train.batch_size
+    return [(torch.randn(b, cfg.in_chans, cfg.img_size, cfg.img_size, generator=g),
+             torch.randint(0, num_classes, (b,), generator=g)) for _ in range(n)]
+
+
+def vitlab_side(recipe, steps_per_round: int, preset: str):
+    """A closure running `steps_per_round` steps of vitlab's own loop (stream + train_step), returning images/s,
+    and the precision `auto` chose (measured as a run measures it)."""
+    import itertools
+
+    from vitlab.train.tune import train_precision
+
+    num_classes = NUM_CLASSES[preset]
+    cfg = recipe.model.vit_config(num_classes=num_classes)
+    if preset == "fmnist":
+        from vitlab.data import DataConfig, build_train_stream
+
+        stream = build_train_stream(DataConfig.from_dict(recipe.data), img_size=cfg.img_size, in_chans=cfg.in_chans,
+                                    batch_size=recipe.train.batch_size, seed=0)
+    else:
+        stream = itertools.cycle(synthetic_batches(recipe, num_classes))
+    model = build_model(recipe, num_classes=num_classes)
+    shape = (recipe.train.batch_size, cfg.in_chans, cfg.img_size, cfg.img_size)
+    precision = train_precision(model, lambda m: build_optimizer(m, recipe.optim), shape, num_classes, "cpu",
+                                recipe.train.precision, clip_grad_norm=recipe.optim.clip_grad_norm)
     opt = build_optimizer(model, recipe.optim)
     net = torch.compile(model) if recipe.train.compile else model
-    mix = BatchMix(10, recipe.train.mixup, recipe.train.cutmix)
+    mix = BatchMix(num_classes, recipe.train.mixup, recipe.train.cutmix)
     dev = torch.device("cpu")
 
     def run() -> float:
         t = time.perf_counter()
         for _ in range(steps_per_round):
-            train_step(net, opt, [next(stream)], lr=recipe.optim.lr, device=dev, precision=recipe.train.precision,
+            train_step(net, opt, [next(stream)], lr=recipe.optim.lr, device=dev, precision=precision,
                        clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=recipe.train.label_smoothing,
                        mix=mix)
         return steps_per_round * recipe.train.batch_size / (time.perf_counter() - t)
 
-    return run
+    return run, precision
 
 
 def torchvision_root() -> str:
@@ -75,7 +111,7 @@ def torchvision_root() -> str:
     return str(root)
 
 
-def timm_model(cfg) -> torch.nn.Module:
+def timm_model(cfg, num_classes: int = 10) -> torch.nn.Module:
     """timm's VisionTransformer of the same shape; for a hybrid, timm's BiT ResNetV2 + HybridEmbed (R50+ViT style)."""
     import timm.models.vision_transformer as tvit
 
@@ -93,7 +129,7 @@ def timm_model(cfg) -> torch.nn.Module:
                             preact=False, stem_type="same", conv_layer=partial(StdConv2dSame, eps=1e-8))
         extra["embed_layer"] = partial(HybridEmbed, backbone=backbone)
     model = tvit.VisionTransformer(
-        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=10,
+        img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, num_classes=num_classes,
         embed_dim=cfg.embed_dim, depth=cfg.depth, num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim,
         global_pool="avg" if cfg.pool == "gap" else "token", class_token=cfg.class_token,
         fc_norm=False,  # LayerNorm on every token, then the pooling: vitlab's (and big_vision's) order
@@ -101,18 +137,26 @@ def timm_model(cfg) -> torch.nn.Module:
     # same shape means same parameter names and shapes: vitlab's model takes timm's weights as they are
     from vitlab.model import VisionTransformer
 
-    VisionTransformer(cfg).load_state_dict(model.state_dict(), strict=True)
+    VisionTransformer(cfg.replace(num_classes=num_classes)).load_state_dict(model.state_dict(), strict=True)
     return model
 
 
 def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precision: str = "fp32",
-              compile: bool = False):
+              compile: bool = False, preset: str = "fmnist"):
     """The standard loop: timm VisionTransformer, torchvision dataset + v2 transforms, DataLoader, AdamW; fp32, or
-    bf16 autocast (weights fp32) as a user would add it; optionally torch.compile'd (not a plain loop any more)."""
+    bf16 autocast (weights fp32) as a user would add it; optionally torch.compile'd (not a plain loop any more).
+    For the vit_s16 preset the same fixed random batches as vitlab's side instead of a dataset."""
+    num_classes = NUM_CLASSES[preset]
+    cfg = recipe.model.vit_config(num_classes=num_classes)
+    if preset != "fmnist":
+        import itertools
+
+        loader = synthetic_batches(recipe, num_classes)
+        return _timm_loop(recipe, steps_per_round, lambda: iter(itertools.cycle(loader)), cfg, num_classes,
+                          precision, compile)
     import torchvision
     import torchvision.transforms.v2 as T
 
-    cfg = recipe.model.vit_config(num_classes=10)
     d = recipe.data
     tf = T.Compose([
         T.RandomResizedCrop(cfg.img_size, scale=tuple(d.get("crop_scale", (0.08, 1.0))),
@@ -125,10 +169,15 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precisi
     ds = torchvision.datasets.FashionMNIST(root, train=True, transform=tf)
     loader = torch.utils.data.DataLoader(ds, batch_size=recipe.train.batch_size, shuffle=True, drop_last=True,
                                          num_workers=num_workers, persistent_workers=num_workers > 0)
-    model = timm_model(cfg)
+    return _timm_loop(recipe, steps_per_round, lambda: iter(loader), cfg, num_classes, precision, compile)
+
+
+def _timm_loop(recipe, steps_per_round: int, make_iter, cfg, num_classes: int, precision: str, compile: bool):
+    """The plain training loop of a timm user (AdamW with torch's default implementation, clipping)."""
+    model = timm_model(cfg, num_classes)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay)
     net = torch.compile(model) if compile else model
-    it = iter(loader)
+    it = make_iter()
 
     def run() -> float:
         nonlocal it
@@ -138,7 +187,7 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precisi
             try:
                 x, y = next(it)
             except StopIteration:
-                it = iter(loader)
+                it = make_iter()
                 x, y = next(it)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
                 logits = net(x)
@@ -152,26 +201,36 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precisi
     return run
 
 
-def baseline_variants(workers: int) -> list[tuple[str, int, str, bool]]:
+def baseline_variants(workers: int, preset: str, compiled: bool) -> list[tuple[str, int, str, bool]]:
     """(row label, DataLoader workers, precision, torch.compile) of each baseline loop. The eager rows are the
     plain loop the target is set against; the compiled row is a stronger reference, reported beside it."""
     rows = []
+    source = "torchvision DataLoader" if preset == "fmnist" else "fixed random batches"
     for precision, what in (("fp32", "fp32"), ("bf16", "bf16 autocast")):
-        for w in (0, workers):
-            rows.append((f"timm + torchvision DataLoader ({what}, num_workers={w})", w, precision, False))
-    rows.append((f"timm + torchvision DataLoader (bf16 autocast, torch.compile, num_workers={workers})", workers,
-                 "bf16", True))
+        for w in ((0, workers) if preset == "fmnist" else (0,)):
+            rows.append((f"timm + {source} ({what}, num_workers={w})", w, precision, False))
+    if compiled:
+        w = workers if preset == "fmnist" else 0
+        rows.append((f"timm + {source} (bf16 autocast, torch.compile, num_workers={w})", w, "bf16", True))
     return rows
 
 
-def _baseline_process(conn, config: str, overrides: list[str], steps: int, workers: int, threads: int,
-                      root: str) -> None:
+def make_recipe(preset: str, config: str, overrides: list[str]):
+    from vitlab.train.recipe import Recipe, apply_overrides
+
+    if preset == "fmnist":
+        return load_recipe(config, overrides)
+    return Recipe.from_dict(apply_overrides(VIT_S16, overrides))
+
+
+def _baseline_process(conn, preset: str, config: str, overrides: list[str], steps: int, workers: int, threads: int,
+                      root: str, compiled: bool) -> None:
     """The baselines' own process: build both loops, then run a round whenever the parent asks for one."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    recipe = load_recipe(config, overrides)
-    sides = [timm_side(recipe, steps, w, root, precision, compiled) for _, w, precision, compiled in
-             baseline_variants(workers)]
+    recipe = make_recipe(preset, config, overrides)
+    sides = [timm_side(recipe, steps, w, root, precision, c, preset) for _, w, precision, c in
+             baseline_variants(workers, preset, compiled)]
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         conn.send(sides[msg]())
@@ -179,12 +238,14 @@ def _baseline_process(conn, config: str, overrides: list[str], steps: int, worke
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_hybrid.yaml"))
+    p.add_argument("--preset", choices=tuple(NUM_CLASSES), default="fmnist")
+    p.add_argument("--config", default=str(ROOT / "configs" / "fmnist_hybrid.yaml"), help="recipe (fmnist preset)")
     p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10, help="steps per round")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the baseline's second variant")
+    p.add_argument("--compiled-baseline", action="store_true", help="also timm + bf16 autocast + torch.compile")
     p.add_argument("-o", "--output", default=None, help="write the table (Markdown) and a .json beside it")
     args = p.parse_args()
     import multiprocessing as mp
@@ -193,12 +254,14 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    recipe = load_recipe(args.config, args.overrides)
-    root = torchvision_root()
+    recipe = make_recipe(args.preset, args.config, args.overrides)
+    root = torchvision_root() if args.preset == "fmnist" else ""
     conn, child_conn = mp.get_context("spawn").Pipe()
     child = mp.get_context("spawn").Process(target=_baseline_process, args=(
-        child_conn, args.config, args.overrides, args.steps, args.workers, args.threads, root))
+        child_conn, args.preset, args.config, args.overrides, args.steps, args.workers, args.threads, root,
+        args.compiled_baseline))
     child.start()
+    ours, chosen = vitlab_side(recipe, args.steps, args.preset)  # measures `auto` while the child builds
     if conn.recv() != "ready":
         raise RuntimeError("the baseline process did not start")
 
@@ -210,53 +273,68 @@ def main() -> None:
 
     allocator = "tuned allocator" if keep_freed_memory() else "default allocator"
     compile_note = ", torch.compile" if recipe.train.compile else ""
-    variants = baseline_variants(args.workers)
-    sides = {
-        f"vitlab ({resolve_precision(recipe.train.precision, 'cpu')}{compile_note}, in-memory batch "
-        f"augmentation, {allocator})": vitlab_side(recipe, args.steps),
-        **{label: remote(i) for i, (label, *_) in enumerate(variants)},
-    }
+    data_note = "in-memory batch augmentation" if args.preset == "fmnist" else "fixed random batches"
+    variants = baseline_variants(args.workers, args.preset, args.compiled_baseline)
+    ours_label = (f"vitlab ({recipe.train.precision} -> {chosen}{compile_note}, fused AdamW, {data_note}, "
+                  f"{allocator})")
+    sides = {ours_label: ours, **{label: remote(i) for i, (label, *_) in enumerate(variants)}}
     plain = [label for label, _, _, c in variants if not c]
     compiled = [label for label, _, _, c in variants if c]
-    for run in sides.values():  # warm-up round, not counted
+    for run in sides.values():  # warm-up round (compilation), not counted
         run()
     results: dict[str, list[float]] = {name: [] for name in sides}
+    loads: list[float] = []
     for r in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         for name, run in sides.items():
             results[name].append(run())
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{v[-1]:.0f}" for v in results.values()), flush=True)
+        print(f"round {r + 1}/{args.rounds} (load {loads[-1]:.1f}): " +
+              ", ".join(f"{v[-1]:.1f}" for v in results.values()), flush=True)
     conn.send(None)
     child.join()
     med = {name: statistics.median(v) for name, v in results.items()}
-    ours = next(iter(med.values()))
+    ours_med = med[ours_label]
     baseline = max(med[label] for label in plain)
-    strongest = max(med[label] for label in compiled)
-    cfg = recipe.model.vit_config(num_classes=10)
+    # per-round ratios against the best plain loop of that round: a load spike hits one round of all sides
+    per_round = [results[ours_label][i] / max(results[label][i] for label in plain) for i in range(args.rounds)]
+    cfg = recipe.model.vit_config(num_classes=NUM_CLASSES[args.preset])
+    what = Path(args.config).name if args.preset == "fmnist" else "ViT-S/16 preset"
     lines = [
-        f"Training throughput, {Path(args.config).name}: ViT D={cfg.embed_dim} L={cfg.depth} heads={cfg.num_heads} "
+        f"Training throughput, {what}: ViT D={cfg.embed_dim} L={cfg.depth} heads={cfg.num_heads} "
         f"MLP={cfg.mlp_dim}, {cfg.img_size}px / patch {cfg.patch_size} ({cfg.seq_len} tokens)"
         + (f" of a hybrid ResNet (stages {list(cfg.hybrid_layers)}, width {cfg.hybrid_width})"
-           if cfg.hybrid_layers is not None else "") + ", batch "
-        f"{recipe.train.batch_size}, {args.threads} threads, {args.rounds} interleaved rounds x {args.steps} steps, "
-        f"load average at the end {os.getloadavg()[0]:.1f}",
+           if cfg.hybrid_layers is not None else "") + f", batch {recipe.train.batch_size}, {args.threads} threads, "
+        f"{args.rounds} interleaved rounds x {args.steps} steps. Host: {_cpu()}. Load average (1 min) before each "
+        f"round: {', '.join(f'{x:.1f}' for x in loads)}; at the end {os.getloadavg()[0]:.1f}.",
         "",
         "| loop | median images/s | rounds |",
         "|---|---|---|",
     ]
-    lines += [f"| {name} | {med[name]:.0f} | {', '.join(f'{v:.0f}' for v in vals)} |"
+    lines += [f"| {name} | {med[name]:.1f} | {', '.join(f'{v:.1f}' for v in vals)} |"
               for name, vals in results.items()]
-    lines += ["", f"vitlab / best plain timm loop (eager, fp32 or bf16 autocast): {ours / baseline:.2f}x",
-              f"vitlab / timm loop with bf16 autocast and torch.compile: {ours / strongest:.2f}x"]
+    lines += ["", f"vitlab / best plain timm loop (eager, fp32 or bf16 autocast): {ours_med / baseline:.2f}x "
+                  f"(medians); per round: {', '.join(f'{x:.2f}' for x in per_round)}"]
+    if compiled:
+        lines.append(f"vitlab / timm loop with bf16 autocast and torch.compile: {ours_med / med[compiled[0]]:.2f}x")
     text = "\n".join(lines)
     print(text)
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
-        out.with_suffix(".json").write_text(json.dumps({"median": med, "rounds": results,
-                                                        "ratio": ours / baseline,
-                                                        "ratio_vs_compiled": ours / strongest}, indent=2))
-    shutil.rmtree(root, ignore_errors=True)
+        out.with_suffix(".json").write_text(json.dumps({
+            "host": _cpu(), "loadavg_per_round": loads, "median": med, "rounds": results, "precision": chosen,
+            "ratio": ours_med / baseline, "ratio_per_round": per_round,
+            **({"ratio_vs_compiled": ours_med / med[compiled[0]]} if compiled else {})}, indent=2))
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _cpu() -> str:
+    """The CPU and what decides bf16 speed on it (vitlab.autotune's machine key)."""
+    from vitlab.autotune import machine_key
+
+    return machine_key()
 
 
 if __name__ == "__main__":

@@ -183,9 +183,9 @@ def _writer(args: tuple[str, str]) -> str:
 
 def test_concurrent_writers_keep_every_entry(tmp_path):
     cache = tmp_path / "a.json"
-    kinds = [f"k{i}" for i in range(8)]
+    kinds = [f"k{i}" for i in range(16)]
     with multiprocessing.get_context("fork").Pool(4) as pool:  # fork: the children need not import torch again
         assert pool.map(_writer, [(str(cache), k) for k in kinds]) == ["b"] * len(kinds)
     data = json.loads(cache.read_text())
     (machine,) = data  # every process has the same machine key
-    assert sorted(data[machine]) == kinds
+    assert sorted(data[machine]) == sorted(kinds)

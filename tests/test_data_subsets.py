@@ -47,7 +47,7 @@ def test_digits_is_scikit_learns_data_split_in_two():
 
 def test_digits_batches_are_upsampled_to_the_model_size():
     s = build_train_stream(DataConfig(dataset="digits", hflip=False), img_size=32, in_chans=1, batch_size=8, seed=0)
-    x, y = next(iter(s))
+    x, _ = next(iter(s))
     assert tuple(x.shape) == (8, 1, 32, 32) and float(x.min()) >= -1 and float(x.max()) <= 1
 
 

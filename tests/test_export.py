@@ -1,5 +1,8 @@
 """ONNX export: onnxruntime reproduces PyTorch's logits within 1e-4 at batch sizes the graph was not traced with."""
 
+import re
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -69,3 +72,79 @@ def test_bad_inputs_are_named(tmp_path):
     with pytest.raises(FileExistsError):
         export_onnx(_tiny(), tmp_path / "x.onnx")
     assert (tmp_path / "x.onnx").read_bytes() == b"mine"
+
+
+# -- int8 and OpenVINO through `vitlab export` -------------------------------------------------------------
+
+
+def _run_dir(tmp_path):
+    """A checkpoint with the recipe.yaml a training run writes beside it (data: the synthetic set, 1 x 28 x 28)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    model = _tiny(in_chans=1, img_size=28, patch_size=7)
+    ckpt = vitlab.save_weights(model, run / "model.safetensors")
+    (run / "recipe.yaml").write_text("data:\n  dataset: synthetic\n  num_samples: 256\n")
+    return model, ckpt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["openvino", "onnx"])
+def test_cli_int8_calibrates_on_the_recipe_data_and_verifies(tmp_path, capsys, target):
+    pytest.importorskip("openvino" if target == "openvino" else "onnxruntime")
+    pytest.importorskip("nncf" if target == "openvino" else "onnx")
+    from vitlab.cli import main
+
+    model, ckpt = _run_dir(tmp_path)
+    out = tmp_path / ("m.xml" if target == "openvino" else "m.onnx")
+    assert main(["export", str(ckpt), str(out), "--to", target, "--int8", "--calib-images", "32",
+                 "--verify-images", "64", "--min-agreement", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "calibrating on 32 images of synthetic/train" in text
+    assert re.search(r"on \d+ images of synthetic/test .*: top-1 agreement \d", text) and f"{target} int8" in text
+    from vitlab.data import DataConfig, build_eval_data
+
+    x = next(iter(build_eval_data(DataConfig(dataset="synthetic", num_samples=256), "test", img_size=28, in_chans=1,
+                                  batch_size=16)))[0]  # images like the calibration ones
+    with torch.no_grad():
+        ref = model(x).numpy()
+    if target == "openvino":
+        import openvino as ov
+
+        assert out.with_suffix(".bin").is_file() and "FakeQuantize" in out.read_text()
+        got = ov.Core().compile_model(str(out), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})(x.numpy())[0]
+    else:
+        import onnx
+
+        assert "QuantizeLinear" in {n.op_type for n in onnx.load(str(out)).graph.node}
+        got = _ort_logits(out, x)
+    assert np.abs(got - ref).max() > 1e-4  # int8: rounded ...
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.9  # ... but the same model (other weights: r ~ 0)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+def test_cli_export_bad_inputs_are_one_line(tmp_path, capsys, monkeypatch):
+    from vitlab.cli import main
+
+    _, ckpt = _run_dir(tmp_path)
+    bare = vitlab.save_weights(_tiny(), tmp_path / "bare.safetensors")  # no recipe.yaml beside it
+    (tmp_path / "empty").mkdir()
+
+    def fails(argv, code, *needles):
+        capsys.readouterr()
+        assert main(["export", *map(str, argv)]) == code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("vitlab export: error: "), err
+        if code == 1:
+            assert err.count("\n") == 1, err
+        for n in needles:
+            assert n in err, err
+
+    fails([ckpt, tmp_path / "a.xml", "--to", "tflite"], 2, "invalid choice")
+    fails([ckpt, tmp_path / "a.xml", "--to", "onnx"], 2, ".onnx file")
+    fails([ckpt, tmp_path / "a.onnx", "--calib", "fashion_mnist"], 2, "--calib is for --int8")
+    fails([bare, tmp_path / "a.onnx", "--int8"], 1, "--int8 needs calibration images", "--calib")
+    fails([ckpt, tmp_path / "a.onnx", "--int8", "--calib", tmp_path / "empty"], 1, "holds no image files")
+    fails([ckpt, tmp_path / "a.onnx", "--int8", "--calib", "nosuchset"], 1, "unknown dataset")
+    monkeypatch.setitem(sys.modules, "openvino", None)  # as if the extra were not installed
+    fails([ckpt, tmp_path / "a.xml"], 1, "pip install 'vitlab[openvino]'")
+    assert not list(tmp_path.glob("a.*"))

@@ -178,21 +178,40 @@ def test_eval_and_predict_run_through_speed_modes(trained, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
+    """The whole demo at 2 steps per run on synthetic data: pre-train at the recipe's low resolution, fine-tune at
+    its high one, four transfer runs, the analysis, one self-contained page."""
+    import yaml
+
     out = tmp_path / "demo"
     sets = []
-    for s in ["train.steps=2", "train.eval_max_samples=300", "model.depth=1", "train.checkpoint_every=0",
-              "data.dataset=synthetic"]:
+    for s in ["train.steps=2", "train.eval_every=1", "train.eval_max_samples=30", "model.depth=1",
+              "data.dataset=synthetic", "data.num_samples=600", "train.batch_size=32"]:
         sets += ["--set", s]
     assert main(["demo", "-o", str(out), "--no-progress", *sets]) == 0
     printed = capsys.readouterr().out
-    assert f"report: {out / 'report.md'}" in printed
+    assert f"report: {out / 'report.html'}" in printed
     summary = json.loads((out / "demo.json").read_text())
-    assert summary["pretrain"]["steps"] == 2 and summary["finetune"]["steps"] == 2
+    pre, ft = summary["pretrain"], summary["finetune"]
+    assert pre["steps"] == 2 and ft["steps"] == 2
     from vitlab.weights import load_model
 
-    ft = load_model(summary["finetune"]["model"])
-    assert ft.cfg.img_size == 40 and ft.cfg.grid_size == (10, 10)  # fine-tuned at the higher resolution
-    assert "fine-tune, 40 px" in (out / "report.md").read_text()
+    for stage, name in ((pre, "demo_pretrain.yaml"), (ft, "demo_finetune.yaml")):
+        size = yaml.safe_load((ROOT / "configs" / name).read_text())["model"]["img_size"]
+        model = load_model(stage["model"])
+        assert model.cfg.img_size == size and model.cfg.grid_size == (size // 8, size // 8)  # stride-8 ResNet map
+        # a point per step on the subset, then the final model on the whole test split (a sixth of 600 images)
+        assert [p["step"] for p in stage["curve"]] == [1, 2]
+        assert stage["test_images"] == len(load_synthetic("test", 600).labels) == 100
+    assert ft["img_size"] > pre["img_size"]
+    runs = summary["transfer"]["runs"]
+    assert [r["labels_per_class"] for r in runs] == [10, "all"]
+    assert runs[0]["train_images"] == 10 * len(CLASSES)
+    assert all(r[k]["steps"] == 2 for r in runs for k in ("pretrained", "scratch"))
+    page = (out / "report.html").read_text()
+    assert "<script" not in page and page.count("<img") >= 6 and page.count('src="data:image/png;base64,') == \
+        page.count("<img")  # self-contained: every image inlined
+    for value in (pre["top1"], ft["top1"], runs[0]["pretrained"]["top1"], runs[0]["scratch"]["top1"]):
+        assert f"{100 * value:.2f}%" in page
     assert main(["demo", "-o", str(out)]) == 1  # never overwrites a demo
 
 

@@ -24,6 +24,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "data": ("webdataset",),
     "bench": ("matplotlib", "timm", "transformers", "onnx", "onnxruntime", "onnxscript"),
     "paper": ("sklearn", "matplotlib"),
+    "quant": ("torchao",),
     "openvino": ("openvino", "nncf"),
 }
 # pip distribution names whose import name differs (pyproject lists distributions; EXTRAS lists modules)

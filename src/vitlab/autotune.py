@@ -236,7 +236,7 @@ def cached_choice(kind: str, shape_key: str, candidates: Sequence[str], measure:
                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
         _update(path, change)
-    log.info("autotune %s [%s]: %s -> %s (%s)", kind, shape_key, _describe(t, cands), winner,
+    log.debug("autotune %s [%s]: %s -> %s (%s)", kind, shape_key, _describe(t, cands), winner,
              "measured" if len(fresh) == len(cands) else "cached" if not fresh else "partly cached")
     return winner
 

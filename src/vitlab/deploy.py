@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -129,13 +130,26 @@ def _first_line(e: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Silence the converters' narration (stdout, progress bars) and tracer warnings during a build."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        yield
+    """Silence the converters' narration during a build: stdout and progress bars, tracer warnings, and log
+    records below ERROR (onnxruntime.quantization logs advice through the root logger; importing nncf makes
+    torch log that there is no CUDA)."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(before)
 
 
 # -- OpenVINO ----------------------------------------------------------------------------------------------
+
+
+def require_nncf() -> Any:
+    """nncf, imported quietly; MissingExtraError naming `vitlab[openvino]` when it is not installed."""
+    with _quiet():
+        return require("nncf", "openvino", "OpenVINO int8 (NNCF)")
 
 
 def openvino_model(model: nn.Module, example: torch.Tensor, *, int8: bool = False, calib: Any = None,
@@ -148,7 +162,7 @@ def openvino_model(model: nn.Module, example: torch.Tensor, *, int8: bool = Fals
         ValueError: A model that is not fp32 on the CPU, bad calibration images, or a model OpenVINO cannot convert.
     """
     ov = require("openvino", "openvino", "OpenVINO deployment")
-    nncf = require("nncf", "openvino", "OpenVINO int8 (NNCF)") if int8 else None
+    nncf = require_nncf() if int8 else None
     chw = _chw(model, example)
     data = calibration_batches(calib, chw, calib_images) if int8 else None
     model = model.eval()
@@ -240,17 +254,23 @@ def onnx_file(model: nn.Module, example: torch.Tensor, folder: Path, *, int8: bo
     export_onnx(model.eval(), fp32, img_size=chw[1:], verify_batches=(), overwrite=True)  # type: ignore[arg-type]
     if not int8:
         return fp32
+    return quantize_onnx(fp32, Path(folder) / "model.int8.onnx", data, method)
+
+
+def quantize_onnx(src: Path, dest: Path, calib: list[np.ndarray] | None, method: str = "static") -> Path:
+    """onnxruntime.quantization of the fp32 graph `src` into `dest`: "static" = QDQ, U8 activations calibrated
+    (min-max) on `calib` ((1, C, H, W) arrays), S8 weights per output channel; "dynamic" = S8 weights per output
+    channel, activations quantised per call."""
     from onnxruntime import quantization as q
 
-    out = Path(folder) / "model.int8.onnx"
     with _quiet():
         if method == "dynamic":
-            q.quantize_dynamic(fp32, out, per_channel=True, weight_type=q.QuantType.QInt8)
+            q.quantize_dynamic(src, dest, per_channel=True, weight_type=q.QuantType.QInt8)
         else:
-            q.quantize_static(fp32, out, _Reader(data or []), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                              activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8,
-                              extra_options={"CalibMaxIntermediateOutputs": 8})
-    return out
+            # memory: the calibration graph reduces each tensor to its min and max inside the graph
+            q.quantize_static(src, dest, _Reader(calib or []), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                              activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+    return dest
 
 
 class _Reader:

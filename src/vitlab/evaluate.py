@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .precision import autocast
+from .precision import PRECISIONS, autocast, inference_precision
 
 TTA_MODES = ("none", "hflip")
 
@@ -134,13 +134,24 @@ def evaluate(
     (B, C, H, W) and labels (B,)) or its first `max_samples` samples. The model's train/eval mode is restored.
 
     Args:
-        precision: "auto" (bf16 autocast where it is the fast path, see `vitlab.precision`), "bf16" or "fp32".
+        precision: "auto" (bf16 autocast if it measures faster for this model and batch shape on this machine,
+            see `vitlab.precision.inference_precision`), "bf16" or "fp32".
         tta: "none", or "hflip": test-time augmentation that averages the class probabilities of each image and
             its mirror image (twice the compute; meaningful for models trained with horizontal flips). The loss is
             then the cross-entropy of the averaged probabilities.
     """
+    return _evaluate(model, data, num_classes, device=device, precision=precision, class_names=class_names,
+                     max_samples=max_samples, tta=tta)[0]
+
+
+def _evaluate(model: nn.Module, data: Iterable[tuple[torch.Tensor, torch.Tensor]], num_classes: int, *,
+              device: torch.device | str, precision: str, class_names: list[str] | None, max_samples: int | None,
+              tta: str) -> tuple[EvalResult, str]:
+    """`evaluate`, and the precision it used ("auto" decided on the first batch)."""
     if tta not in TTA_MODES:
         raise ValueError(f"unknown test-time augmentation {tta!r}; choose one of {', '.join(TTA_MODES)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -156,6 +167,8 @@ def evaluate(
                     break
                 x, y = x[: max_samples - n], y[: max_samples - n]
             x, y = x.to(device), y.to(device)
+            if precision == "auto":  # timed on the first batch (cached per machine and shape)
+                precision = inference_precision(model, x)
             with autocast(device, precision):
                 logits = model(x).float()  # (B, classes)
                 if tta == "hflip":  # log of the mean of the two views' probabilities
@@ -175,7 +188,7 @@ def evaluate(
     per_class_n = confusion.sum(1)
     per_class = (confusion.diag().double() / per_class_n.clamp(min=1)).tolist()
     names = list(class_names or [str(i) for i in range(num_classes)])
-    return EvalResult(
+    result = EvalResult(
         top1=confusion.diag().sum().item() / n,
         top5=top5 / n,
         loss=loss_sum / n,
@@ -184,6 +197,7 @@ def evaluate(
         confusion=confusion.tolist(),
         classes=names,
     )
+    return result, precision
 
 
 def evaluate_checkpoint(
@@ -227,7 +241,6 @@ def evaluate_checkpoint(
     """
     from .data import build_eval_data, parse_data_spec, preprocess_of
     from .optimize import MODES, optimize
-    from .precision import resolve_precision
     from .preprocess import cli_overrides, data_overrides
     from .weights import load_model
 
@@ -236,7 +249,8 @@ def evaluate_checkpoint(
     if tta not in TTA_MODES:
         raise ValueError(f"unknown test-time augmentation {tta!r}; choose one of {', '.join(TTA_MODES)}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    precision = resolve_precision(precision, dev)
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     model = load_model(checkpoint)
     model.to(dev)
     cfg = model.cfg
@@ -251,8 +265,8 @@ def evaluate_checkpoint(
     net: nn.Module = model
     if mode != "fp32":
         net, precision = optimize(model, mode), "fp32"  # the mode sets its own dtype; no autocast around it
-    result = evaluate(net, _batches(ev, progress), cfg.num_classes, device=dev, precision=precision,
-                      class_names=list(ev.classes), tta=tta)
+    result, precision = _evaluate(net, _batches(ev, progress), cfg.num_classes, device=dev, precision=precision,
+                                  class_names=list(ev.classes), max_samples=None, tta=tta)
     bad, expected = _skipped(ev, result, data, split)
     return CheckpointEval(
         **{f.name: getattr(result, f.name) for f in dataclasses.fields(EvalResult)},

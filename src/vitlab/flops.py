@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import ViTConfig, to_hw
+from . import resnet
 from .hybrid import backbone_channels, backbone_macs
+from .resnet import ResNetConfig
 
 
 def _backbone_params(cfg: ViTConfig) -> int:
@@ -27,8 +29,10 @@ def _backbone_params(cfg: ViTConfig) -> int:
     return n
 
 
-def count_params(cfg: ViTConfig) -> int:
-    """Exact trainable parameter count of `VisionTransformer(cfg)`, without building it."""
+def count_params(cfg: ViTConfig | ResNetConfig) -> int:
+    """Exact trainable parameter count of `VisionTransformer(cfg)` (or of a BiT ResNet), without building it."""
+    if isinstance(cfg, ResNetConfig):
+        return resnet.count_params(cfg)
     D, M, P, C = cfg.embed_dim, cfg.mlp_dim, cfg.patch_size, cfg.in_chans
     if cfg.hybrid_layers is not None:  # the ResNet's convolutions and GroupNorms, then E over its channels
         n, C = _backbone_params(cfg), backbone_channels(cfg.hybrid_layers, cfg.hybrid_width)
@@ -49,8 +53,12 @@ def count_params(cfg: ViTConfig) -> int:
     return n
 
 
-def count_flops(cfg: ViTConfig, img_size: int | tuple[int, int] | None = None, backward: bool = False) -> int:
-    """FLOPs of one forward pass for one image (x3 with `backward`: forward + backward)."""
+def count_flops(cfg: ViTConfig | ResNetConfig, img_size: int | tuple[int, int] | None = None,
+                backward: bool = False) -> int:
+    """FLOPs of one forward pass for one image (x3 with `backward`: forward + backward); a BiT ResNet's config
+    counts its convolutions and head (`vitlab.resnet.count_flops`)."""
+    if isinstance(cfg, ResNetConfig):
+        return resnet.count_flops(cfg, img_size, backward)
     h, w = cfg.img_hw if img_size is None else to_hw(img_size)
     P, D, M = cfg.patch_size, cfg.embed_dim, cfg.mlp_dim
     N = (h // cfg.pixel_patch) * (w // cfg.pixel_patch)

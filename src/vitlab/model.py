@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,7 @@ from .posembed import resample_pos_embed, sincos_2d
 
 if TYPE_CHECKING:
     from .preprocess import Preprocess
+    from .resnet import ResNetConfig
 
 
 _EXPECTED = "a float tensor of shape (B, C, H, W), normalised as the weights expect"
@@ -413,8 +414,9 @@ def _lecun_normal_(w: torch.Tensor) -> None:
     nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-def create_model(name: str | ViTConfig, weights: str | None = None, **overrides) -> VisionTransformer:
+def create_model(name: str | ViTConfig | ResNetConfig, weights: str | None = None, **overrides) -> Any:
     """Build a named variant ("ViT-B/16", case-insensitive) or a `ViTConfig`, overriding any config field.
+    A BiT ResNet name ("BiT-R50x1", `vitlab.resnet`) or a `ResNetConfig` builds the paper's CNN baseline.
 
     Args:
         name: Variant name or a ViTConfig.
@@ -434,8 +436,11 @@ def create_model(name: str | ViTConfig, weights: str | None = None, **overrides)
         from .weights import hub
 
         overrides = {**hub.entry_overrides(hub.locate(weights)[1]), **overrides}
-    cfg = name.replace(**overrides) if isinstance(name, ViTConfig) else ViTConfig.from_name(name, **overrides)
-    model = VisionTransformer(cfg)
+    from .resnet import ResNetConfig, ResNetV2, config_from_name
+
+    cfg = name.replace(**overrides) if isinstance(name, ViTConfig | ResNetConfig) else \
+        config_from_name(name, **overrides)
+    model = ResNetV2(cfg) if isinstance(cfg, ResNetConfig) else VisionTransformer(cfg)
     if weights is not None:
         from .weights import load_weights
 

@@ -1,6 +1,8 @@
 """Speed modes for inference: one call turns a trained fp32 model into a faster one.
 
     fast = vitlab.optimize(model, mode="int8")
+    fast = vitlab.optimize(model, mode="int8-static", calib=images)   # images: real, prepared as for the model
+    fast = vitlab.optimize(model, mode="auto", calib=images)          # the fastest that keeps top-1 (see below)
     logits = fast(images)  # (B, num_classes) fp32, whatever the mode computes in
 
 Modes (see docs/speed.md for what each costs in accuracy and what it gains on a measured machine):
@@ -10,8 +12,16 @@ Modes (see docs/speed.md for what each costs in accuracy and what it gains on a 
     fp16          eager, weights and activations in float16 (fast on CPUs with AVX512-FP16)
     compile       torch.compile (Inductor) in fp32; on CPU with weight freezing, so oneDNN/MKL pre-pack weights
     compile-bf16  the same in bfloat16
-    int8          dynamic quantisation of every Linear: int8 weights (per output channel), activations quantised
-                  per call, int8 x int8 -> int32 GEMMs (FBGEMM, using AVX512-VNNI where the CPU has it)
+    int8          dynamic quantisation of every Linear (torch.ao `quantize_dynamic`, deprecated by torch but kept
+                  while measured competitive): int8 weights per output channel, activations quantised per call,
+                  FBGEMM int8 GEMMs (AVX512-VNNI where the CPU has it); needs no calibration
+    int8-static   static int8 (vitlab.quant): PT2E export quantisation calibrated on `calib`, lowered by Inductor
+                  to oneDNN int8 kernels (needs torchao: vitlab[quant])
+    openvino, openvino-int8, ort, ort-int8
+                  the model run by OpenVINO / ONNX Runtime (vitlab.deploy), int8 calibrated on `calib`
+                  (OpenVINO: NNCF post-training quantisation; ORT: static QDQ)
+    auto          measure the candidate modes once per machine and model shape (vitlab.autotune, kind
+                  "optimize-mode"), keep those whose top-1 agrees with fp32 on >= 99% of `calib`, take the fastest
 
 The returned `OptimizedModel` takes and returns fp32 tensors; it is for inference only.
 """
@@ -20,16 +30,18 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-MODES = ("fp32", "bf16", "fp16", "compile", "compile-bf16", "int8")
+RUNTIME_MODES = ("openvino", "openvino-int8", "ort", "ort-int8")
+MODES = ("fp32", "bf16", "fp16", "compile", "compile-bf16", "int8", "int8-static", *RUNTIME_MODES, "auto")
+CALIBRATED_MODES = ("int8-static", "openvino-int8", "ort-int8", "auto")  # these need `calib`
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "compile": torch.float32,
-           "compile-bf16": torch.bfloat16, "int8": torch.float32}
+           "compile-bf16": torch.bfloat16}
 
 
 class OptimizedModel(nn.Module):
@@ -62,7 +74,8 @@ class OptimizedModel(nn.Module):
         return f"mode={self.mode!r}, dtype={self.dtype}"
 
 
-def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = None) -> OptimizedModel:
+def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = None, calib: Any = None,
+             example: torch.Tensor | None = None, candidates: Sequence[str] | None = None) -> OptimizedModel:
     """Return a faster inference copy of `model` (the original is not modified).
 
     Args:
@@ -70,23 +83,46 @@ def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = Non
         mode: One of `MODES`.
         dynamic: Passed to `torch.compile` for the compile modes (None lets it decide; False specialises on the
             first batch size, recompiling once per new size).
+        calib: Real images prepared as for the model ((N, C, H, W) tensor, or an iterable of such batches or of
+            (images, labels) pairs), needed by `CALIBRATED_MODES`: the int8 modes calibrate on them, "auto"
+            checks top-1 agreement with fp32 on them (all of them; the int8 modes calibrate on at most 128).
+        example: Images of the batch shape to run ((B, C, H, W)): what "auto" times and the runtimes build for
+            (default: the first 8 calibration images, or zeros of the model's input shape).
+        candidates: The modes "auto" chooses among (default `auto_candidates()`: those that can run here).
 
     Returns:
         An `OptimizedModel` that takes fp32 (or any float) images and returns fp32 logits.
 
     Raises:
-        ValueError: For an unknown mode.
-        RuntimeError: When the mode cannot run here (int8 without a quantisation engine, compile without a C++
-            compiler is reported by torch at the first call).
+        ValueError: An unknown mode, a calibrated mode without `calib`, bad calibration images or candidates.
+        RuntimeError: When the mode cannot run here (int8 without a quantisation engine, a CPU-only mode on a GPU
+            model; compile without a C++ compiler is reported by torch at the first call).
+        MissingExtraError: The mode's optional dependency is missing (torchao, openvino, onnxruntime).
     """
     if mode not in MODES:
         raise ValueError(f"unknown speed mode {mode!r}; choose one of {', '.join(MODES)}")
-    dtype = _DTYPES[mode]
+    if mode in CALIBRATED_MODES and calib is None:
+        raise ValueError(f"mode {mode!r} needs calibration images: optimize(model, {mode!r}, calib=images), with a "
+                         "few real images prepared as for the model")
+    if candidates is not None and mode != "auto":
+        raise ValueError(f"candidates= is for mode 'auto', not {mode!r}")
+    if mode == "auto":
+        from .autoselect import select_mode
+
+        return select_mode(model, calib, example=example, candidates=candidates, dynamic=dynamic)
     ref = next(model.parameters(), None)
     device = ref.device if ref is not None else torch.device("cpu")
+    if mode in RUNTIME_MODES:
+        return _runtime(model, mode, calib, example, device)
     m = copy.deepcopy(model).eval().requires_grad_(False)
     if mode == "int8":
-        return OptimizedModel(_quantize_int8(m, device), mode, dtype)
+        return OptimizedModel(_quantize_int8(m, device), mode, torch.float32)
+    if mode == "int8-static":
+        from .quant import quantize_static
+
+        qmodel, run = quantize_static(m, calib)
+        return OptimizedModel(qmodel, mode, torch.float32, run)
+    dtype = _DTYPES[mode]
     m = m.to(dtype)
     if mode.startswith("compile"):
         # on CPU: pre-packed weights, folded constants
@@ -94,6 +130,38 @@ def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = Non
         compiled = torch.compile(m, dynamic=dynamic, options=options)
         return OptimizedModel(m, mode, dtype, compiled)
     return OptimizedModel(m, mode, dtype)
+
+
+def example_batch(model: nn.Module, calib: Any, example: torch.Tensor | None, batch: int = 8) -> torch.Tensor:
+    """The (B, C, H, W) images a mode is built and timed for: `example`, else the first `batch` calibration images,
+    else zeros of a vitlab model's input shape."""
+    from .quant import calibration_tensor, input_chw
+
+    chw = input_chw(model)
+    if example is not None:
+        if example.dim() != 4 or (chw is not None and tuple(example.shape[1:]) != chw):
+            raise ValueError(f"example must be images (B, C, H, W) with (C, H, W) = {chw}, got {tuple(example.shape)}")
+        return example.detach().float().cpu()
+    if calib is not None:
+        return calibration_tensor(calib, chw, batch)
+    if chw is None:
+        raise ValueError("pass example= (images of the batch shape to run): this model has no config to read it from")
+    return torch.zeros(batch, *chw)
+
+
+def _runtime(model: nn.Module, mode: str, calib: Any, example: torch.Tensor | None,
+             device: torch.device) -> OptimizedModel:
+    """The OpenVINO / ONNX Runtime modes, built by vitlab.deploy."""
+    if device.type != "cpu":
+        raise RuntimeError(f"mode {mode!r} runs on the CPU only (the model is on {device}); move it with .cpu()")
+    from . import deploy
+
+    int8 = mode.endswith("-int8")
+    x = example_batch(model, calib, example)
+    m = copy.deepcopy(model).eval().requires_grad_(False)
+    if mode.startswith("openvino"):
+        return deploy.to_openvino(m, x, int8=int8, calib=calib if int8 else None)
+    return deploy.to_onnxruntime(m, x, int8=int8, calib=calib if int8 else None)
 
 
 def _quantize_int8(model: nn.Module, device: torch.device) -> nn.Module:

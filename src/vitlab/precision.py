@@ -1,21 +1,36 @@
 """Mixed precision: what `precision: auto` means on this machine, and the autocast context for a precision.
 
-bf16 autocast keeps weights and optimizer state in fp32 and runs matmuls in bf16. It pays where the hardware has
-fast bf16 matmuls (a CUDA GPU with bf16, a CPU with AMX tiles); elsewhere fp32 is faster (measured 2x slower bf16
-on AVX-512 alone, docs/speed.md), so "auto" picks fp32 there.
-torch is imported only when a function runs: recipes validate without it.
+bf16 autocast keeps weights and optimizer state in fp32 and runs matmuls and convolutions in bf16. Whether that is
+faster depends on more than one CPU flag: with AMX tiles it is (~10x in the GEMMs); with AVX-512 alone it depends
+on the CPU and the work (an Intel AVX-512 host without AMX measured bf16 slower than fp32; a Zen 4 with
+avx512_bf16 runs bf16 GEMMs at about twice the fp32 rate), and the casts autocast adds weigh more on small models.
+So "auto" is decided by measuring this model's own step in each precision on this machine (`choose_precision`):
+a few interleaved steps of each, the winner cached per machine and shape by `vitlab.autotune` (later runs read it
+back). `VITLAB_AUTOTUNE=off` keeps the rule of thumb (`rule_precision`): bf16 on a CUDA GPU with bf16 or a CPU
+with AMX, else fp32. On a GPU the rule is used without measuring (bf16 tensor cores win there).
+
+Training measures with `vitlab.train.tune.train_precision`, inference with `inference_precision` (used by
+`vitlab.evaluate`). torch is imported only when a function runs: recipes validate without it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
 PRECISIONS = ("auto", "bf16", "fp32")
+
+log = logging.getLogger("vitlab.precision")
+_clock = time.perf_counter  # the timer of `time_interleaved` (tests replace it with a fake clock)
 
 
 @functools.cache
@@ -28,18 +43,29 @@ def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
         return False
 
 
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """"auto" -> "bf16" where bf16 is the fast path (a CUDA GPU with bf16, a CPU with AMX), else "fp32"."""
+def _check(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision != "auto":
-        return precision
+
+
+def rule_precision(device: torch.device | str) -> str:
+    """The rule of thumb, no measuring: "bf16" on a CUDA GPU with bf16 or a CPU with AMX, else "fp32"."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     return "bf16" if device.type == "cpu" and cpu_has_amx() else "fp32"
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """A precision without measuring: "auto" -> `rule_precision(device)`; "bf16" / "fp32" as they are.
+
+    Code that has a model and an input at hand should use `choose_precision` (or `inference_precision`), which
+    measures instead.
+    """
+    _check(precision)
+    return rule_precision(device) if precision == "auto" else precision
 
 
 def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
@@ -50,3 +76,114 @@ def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractC
     if resolve_precision(precision, device) == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+# -- measuring ---------------------------------------------------------------------------------------------------
+
+
+def model_signature(model: nn.Module) -> str:
+    """A short name of a model's shape for cache keys: its class, parameter count and a hash of every parameter's
+    name and shape (two models with the same signature run the same computation)."""
+    names = [f"{n}:{tuple(p.shape)}" for n, p in model.named_parameters()]
+    digest = hashlib.sha1("|".join(names).encode()).hexdigest()[:10]
+    count = sum(p.numel() for p in model.parameters())
+    return f"{type(model).__name__} {count / 1e6:.2f}M {digest}"
+
+
+def time_interleaved(run: Callable[[str], object], candidates: Sequence[str], *, device: torch.device | str = "cpu",
+                     warmup: int = 1, rounds: int | None = None, budget_s: float = 4.0) -> dict[str, float]:
+    """Seconds per `run(candidate)` call of each candidate: `warmup` untimed calls each, then rounds of one timed
+    call per candidate in turn (A, B, A, B: a machine shared with other work slows all alike), the fastest call
+    of each kept (the least disturbed). `rounds` None: as many as fit in about `budget_s` seconds, 2 to 5."""
+    import torch
+
+    device = torch.device(device)
+
+    def once(c: str) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = _clock()
+        run(c)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return _clock() - t0
+
+    for c in candidates:
+        for _ in range(warmup):
+            once(c)
+    best = {c: once(c) for c in candidates}
+    if rounds is None:
+        rounds = max(2, min(5, int(budget_s / max(sum(best.values()), 1e-9))))
+    for _ in range(rounds - 1):
+        for c in candidates:
+            best[c] = min(best[c], once(c))
+    return best
+
+
+def choose_precision(precision: str, device: torch.device | str, *, kind: str, shape_key: str,
+                     run: Callable[[str], object], what: str = "step") -> str:
+    """`precision` itself unless it is "auto"; then the faster of fp32 and bf16 for `run(precision)` on this
+    machine, measured once (`time_interleaved`) and cached per machine and `shape_key` (`vitlab.autotune`).
+
+    The rule of thumb (`rule_precision`) is the answer on a GPU and with `VITLAB_AUTOTUNE=off`. A log line
+    (logger "vitlab.precision") says what was measured and chosen.
+
+    Args:
+        kind: The autotune kind ("train-precision", "infer-precision").
+        shape_key: What the timing holds for: model signature, input shape, anything else that changes it.
+        run: Does one unit of the work (one training step, one forward pass) in the precision it is given.
+        what: The unit's name in the log line.
+    """
+    import torch
+
+    from . import autotune
+
+    _check(precision)
+    if precision != "auto":
+        return precision
+    device = torch.device(device)
+    rule = rule_precision(device)
+    if device.type != "cpu":
+        log.info("precision auto -> %s (%s: the rule for this device, not measured)", rule, device.type)
+        return rule
+    if autotune.mode() == "off":
+        log.info("precision auto -> %s (VITLAB_AUTOTUNE=off: the CPU-flag rule, %s)", rule,
+                 "AMX" if cpu_has_amx() else "no AMX")
+        return rule
+    candidates = [rule, "bf16" if rule == "fp32" else "fp32"]  # the rule's answer first: the fallback
+    timed: dict[str, float] = {}
+
+    def measure(c: str) -> float | None:
+        if not timed:  # the first call times every candidate, interleaved; later calls read the result
+            timed.update(time_interleaved(run, candidates, device=device))
+        return timed[c]
+
+    choice = autotune.cached_choice(kind, shape_key, candidates, measure, device=device)
+    t: dict[str, float | None] = {**autotune.timings(kind, shape_key, device=device), **timed}
+    parts = ", ".join(f"{c} {s * 1e3:.0f} ms" for c in candidates if (s := t.get(c)) is not None)
+    log.info("precision auto -> %s: %s per %s (%s; %s) [%s]", choice, parts, what,
+             "measured now" if timed else "measured earlier on this machine", shape_key, autotune.default_cache())
+    return choice
+
+
+def inference_precision(model: nn.Module, x: torch.Tensor, precision: str = "auto") -> str:
+    """`precision`, with "auto" decided by timing `model(x)` (no grad, eval mode, x on the model's device) in fp32
+    and under bf16 autocast (`choose_precision`, kind "infer-precision", keyed by the model and x's shape)."""
+    import torch
+
+    _check(precision)
+    if precision != "auto":
+        return precision
+
+    def forward(p: str) -> None:
+        with torch.no_grad(), autocast(x.device, p):
+            model(x)
+
+    was_training = model.training
+    model.eval()
+    try:
+        return choose_precision(precision, x.device, kind="infer-precision",
+                                shape_key=f"{model_signature(model)} x{tuple(x.shape)}", run=forward,
+                                what="forward pass")
+    finally:
+        model.train(was_training)

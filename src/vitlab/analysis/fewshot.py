@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..model import VisionTransformer
+from ..resnet import ResNetV2
 
 BIAS_FEATURE = 100.0  # value of the appended constant feature; large, so the bias is almost unregularised
 DEFAULT_L2 = 2.0**10  # big_vision's few-shot configs
@@ -27,9 +28,10 @@ DEFAULT_SHOTS = (1, 5, 10, 25)  # the paper's shots
 
 @torch.no_grad()
 def extract_features(
-    model: VisionTransformer, batches: Iterable, device: torch.device | str | None = None
+    model: VisionTransformer | ResNetV2, batches: Iterable, device: torch.device | str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Frozen pre-logits features (`forward_head(pre_logits=True)`) and labels of every batch.
+    """Frozen pre-logits features (`forward_head(pre_logits=True)`) and labels of every batch: a ViT's pre-logits,
+    a BiT ResNet's globally pooled features (`ResNetV2.embed_features`).
 
     Args:
         model: The model (evaluated in eval mode; its mode is restored afterwards).

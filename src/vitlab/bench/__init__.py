@@ -13,14 +13,23 @@ rise of the process's resident set during one call, sampled every millisecond (C
 
 One module per job:
 - `timing`: `time_calls`, `peak_memory`, `matmul_peak`, `machine_info` (also what `benchmarks/` measure with);
-- `peers`: the peer builders (`build_timm`, ..., `OnnxRuntime`);
+- `peers`: the peer builders (`build_timm`, ..., `OnnxRuntime`, `build_runtime` for ONNX Runtime / OpenVINO);
 - `suite`: `BenchConfig`, `run_bench`, `Result`, and `mode_accuracy` (accuracy cost of the speed modes);
 - `output`: `format_table`, `plot_results`, `write_outputs`.
 The command line (`vitlab.cli.bench`) only parses arguments and calls `run_bench` and `write_outputs`.
 """
 
 from .output import format_table, plot_results, write_outputs
-from .peers import BUILDERS, PEERS, OnnxRuntime, build_timm, build_torchvision, build_transformers
+from .peers import (
+    BUILDERS,
+    PEERS,
+    RUNTIME_PEERS,
+    OnnxRuntime,
+    build_runtime,
+    build_timm,
+    build_torchvision,
+    build_transformers,
+)
 from .suite import DTYPES, BenchConfig, Result, mode_accuracy, run_bench
 from .timing import machine_info, matmul_peak, peak_memory, time_calls
 
@@ -28,9 +37,11 @@ __all__ = [
     "BUILDERS",
     "DTYPES",
     "PEERS",
+    "RUNTIME_PEERS",
     "BenchConfig",
     "OnnxRuntime",
     "Result",
+    "build_runtime",
     "build_timm",
     "build_torchvision",
     "build_transformers",

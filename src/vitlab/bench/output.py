@@ -33,19 +33,24 @@ def format_table(out: dict) -> str:
         f"matmul peak GFLOP/s: {peaks}",
     ]
     head = (f"{'task':<6}{'batch':>6} {'candidate':<22}{'dtype':<6}{'img/s':>9}{'(min-max)':>18}{'lat ms':>10}"
-            f"{'GFLOP/s':>9}{'MFU':>7}{'mem MiB':>9}  ratio (peer time / ours)")
+            f"{'GFLOP/s':>9}{'MFU':>7}{'mem MiB':>9}{'agree':>8}{'max|d|':>9}  ratio (peer time / ours)")
     lines += [head, "-" * len(head)]
     for r in out["results"]:
         ratios = " ".join(f"{k} {v:.2f}x" for k, v in r["ratio_vs"].items())
         mem = f"{r['peak_memory_bytes'] / 2**20:.0f}" if r["peak_memory_bytes"] is not None else "-"
         mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "-"
         rng = f"({r['images_per_s_min']:.1f}-{r['images_per_s_max']:.1f})"
+        agree = f"{100 * r['agreement']:.1f}%" if r.get("agreement") is not None else "-"
+        diff = f"{r['max_logit_diff']:.2g}" if r.get("max_logit_diff") is not None else "-"
         lines.append(
             f"{r['task']:<6}{r['batch']:>6} {r['name']:<22}{r['dtype']:<6}{r['images_per_s']:>9.1f}{rng:>18}"
-            f"{r['latency_ms']:>10.1f}{r['gflops_per_s']:>9.1f}{mfu:>7}{mem:>9}  {ratios}"
+            f"{r['latency_ms']:>10.1f}{r['gflops_per_s']:>9.1f}{mfu:>7}{mem:>9}{agree:>8}{diff:>9}  {ratios}"
         )
     lines.append("MFU: achieved FLOP/s (count_flops, attention included) / measured matmul peak in the same dtype; "
                  "ratios are medians of per-round pairs, >1 means ours is faster.")
+    notes = sorted({r["note"] for r in out["results"] if r.get("note")})
+    lines.append("agree / max|d|: top-1 agreement with / largest logit difference from our fp32 model"
+                 + (f" ({'; '.join(notes)})" if notes else ""))
     for k, v in out.get("skipped", {}).items():
         lines.append(f"skipped {k}: {v}")
     return "\n".join(lines)

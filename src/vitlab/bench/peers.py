@@ -1,24 +1,31 @@
-"""The peers `vitlab bench` runs beside our ViT: timm, transformers, torchvision and onnxruntime.
+"""The peers `vitlab bench` runs beside our ViT: timm, transformers, torchvision, and the deployment runtimes
+ONNX Runtime and OpenVINO (fp32, OpenVINO bf16, and each runtime's post-training int8).
 
 Each builder takes our model and returns the peer's implementation with the same shape and our weights (renamed
 where the peer's names differ), so that the benchmark compares implementations, not models. Optional
 dependencies are imported inside each builder: a missing one raises ImportError, which the benchmark reports as a
-skipped peer; a shape the peer cannot express raises ValueError.
+skipped peer; a shape the peer cannot express raises ValueError. The runtimes are built by `vitlab.deploy` from
+our model (`build_runtime`): they take fp32 images whatever they compute in.
 """
 
 from __future__ import annotations
 
 import functools
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..model import VisionTransformer
 
-PEERS = ("timm", "transformers", "torchvision", "onnxruntime")
+# runtime peer -> {our dtype pass it runs in: its compute dtype}; int8 peers run beside our fp32 (and our int8 mode)
+RUNTIME_PEERS: dict[str, dict[str, str]] = {
+    "onnxruntime": {"fp32": "fp32"},
+    "onnxruntime-int8": {"fp32": "int8"},
+    "openvino": {"fp32": "fp32", "bf16": "bf16"},
+    "openvino-int8": {"fp32": "int8"},
+}
+PEERS = ("timm", "transformers", "torchvision", *RUNTIME_PEERS)
 
 
 class _Logits(nn.Module):
@@ -119,21 +126,37 @@ class OnnxRuntime:
     """Our model exported to ONNX (fp32), run by onnxruntime's CPU provider with the same thread count."""
 
     def __init__(self, model: VisionTransformer, threads: int):
-        import onnxruntime as ort
+        from ..deploy import to_onnxruntime
 
-        from ..export import export_onnx
-
-        self._dir = tempfile.TemporaryDirectory(prefix="vitlab-bench-")
-        path = Path(self._dir.name) / "model.onnx"
-        export_onnx(model.float(), path, verify_batches=())
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        example = torch.zeros(1, model.cfg.in_chans, *model.cfg.img_hw)
+        self.module = to_onnxruntime(model.float(), example, threads=threads)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self.session.run(["logits"], {"images": x.numpy()})[0])
+        return self.module(x)
+
+
+def build_runtime(name: str, model: VisionTransformer, dname: str, threads: int,
+                  calib: torch.Tensor | None = None) -> tuple[nn.Module, str] | None:
+    """The runtime peer `name` for our `dname` pass: (module taking fp32 images, its compute dtype), or None when
+    it has no candidate in that dtype. int8 peers are calibrated on `calib` ((N, C, H, W) images).
+
+    Raises:
+        ImportError: The runtime is not installed (MissingExtraError names the extra).
+        ValueError: A precision the CPU lacks (OpenVINO bf16) or a model the runtime cannot express.
+    """
+    from ..deploy import to_onnxruntime, to_openvino
+
+    cdt = RUNTIME_PEERS[name].get(dname)
+    if cdt is None:
+        return None
+    model = model.float().eval()
+    example = torch.zeros(1, model.cfg.in_chans, *model.cfg.img_hw)
+    int8 = cdt == "int8"
+    if name.startswith("openvino"):
+        fn = to_openvino(model, example, int8=int8, calib=calib, precision="fp32" if int8 else cdt, threads=threads)
+    else:
+        fn = to_onnxruntime(model, example, int8=int8, calib=calib, threads=threads)
+    return fn, cdt
 
 
 BUILDERS: dict[str, Callable[[VisionTransformer], nn.Module]] = {

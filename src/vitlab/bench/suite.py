@@ -24,7 +24,7 @@ from ..config import ViTConfig
 from ..flops import count_flops
 from ..model import VisionTransformer, create_model
 from ..optimize import MODES, optimize
-from .peers import BUILDERS, PEERS, OnnxRuntime
+from .peers import BUILDERS, PEERS, RUNTIME_PEERS, build_runtime
 from .timing import loadavg, machine_info, matmul_peak, peak_memory, time_calls
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ class Result:
     peak_memory_bytes: int | None = None
     ratio_vs: dict[str, float] = field(default_factory=dict)  # peer -> (peer time / our time), median of pairs
     note: str = ""
+    agreement: float | None = None  # inference: top-1 agreement with our fp32 model on the accuracy images
+    max_logit_diff: float | None = None  # inference: max |logits - our fp32 logits| on the same images
 
     @property
     def median(self) -> float:
@@ -109,6 +111,9 @@ class BenchConfig:
     device: str = "cpu"
     peak_size: int = 2048
     overrides: dict = field(default_factory=dict)
+    accuracy_data: str | None = "fashion_mnist"  # data spec of the real images for the accuracy cost (None: random)
+    accuracy_images: int = 64  # test images each inference candidate is compared with fp32 on (0: none)
+    calib_images: int = 300  # training images the int8 runtimes calibrate on (NNCF's default subset size)
 
 
 def _check_same(name: str, fn: Callable, x: torch.Tensor, ref: torch.Tensor, atol: float) -> None:
@@ -117,6 +122,45 @@ def _check_same(name: str, fn: Callable, x: torch.Tensor, ref: torch.Tensor, ato
     diff = (out - ref).abs().max().item()
     if not diff <= atol:
         raise RuntimeError(f"{name}: logits differ from ours by {diff:.2e} (> {atol:g}): not the same model")
+
+
+def _check_tolerance(cdt: str, ref: torch.Tensor) -> float:
+    """How far a candidate computing in `cdt` may be from our fp32 logits and still be the same model: 1e-3 in
+    fp32, a tenth of the largest logit in bf16."""
+    return 1e-3 if cdt == "fp32" else 0.1 * ref.abs().max().item()
+
+
+def _check_correlated(name: str, fn: Callable, x: torch.Tensor, ref: torch.Tensor, least: float = 0.9) -> None:
+    """An int8 candidate is the same model when its logits correlate with ours (Pearson r over all logits of `x`):
+    int8 rounding moves logits by a fraction of their spread, other weights leave r near 0."""
+    with torch.inference_mode():
+        out = fn(x).float()
+    r = torch.corrcoef(torch.stack([out.flatten(), ref.float().flatten()]))[0, 1].item()
+    if not r >= least:
+        raise RuntimeError(f"{name}: logits correlate with ours at r = {r:.3f} (< {least}): not the same model")
+
+
+def _real_images(bc: BenchConfig, cfg: ViTConfig, split: str, n: int) -> tuple[torch.Tensor, str]:
+    """(n, C, H, W) images of `split` of `bc.accuracy_data` prepared at the model's size (grey repeated for RGB),
+    and where they came from; random images when there is no such data here."""
+    if bc.accuracy_data and n > 0:
+        from ..data import build_eval_data, parse_data_spec
+
+        try:
+            dc = parse_data_spec(bc.accuracy_data).replace(expand_channels=cfg.in_chans == 3)
+            loader = build_eval_data(dc, split, img_size=cfg.img_hw, in_chans=cfg.in_chans, batch_size=min(n, 256))
+            batches, got = [], 0
+            for batch in loader:
+                batches.append(batch[0][: n - got])
+                got += len(batches[-1])
+                if got >= n:
+                    break
+            if batches:
+                return torch.cat(batches).float(), f"{bc.accuracy_data}/{split}"
+        except (OSError, ValueError) as e:
+            log.info("no %s images of %s (%s): random images instead", split, bc.accuracy_data, e)
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(max(n, 0), cfg.in_chans, *cfg.img_hw, generator=g), "random"
 
 
 def run_bench(bc: BenchConfig) -> dict:
@@ -152,6 +196,9 @@ def _validate(bc: BenchConfig) -> None:
         for v in values:
             if v not in known:
                 raise ValueError(f"unknown {what} {v!r}; choose from {', '.join(known)}")
+    if bc.accuracy_images < 0 or bc.calib_images < 1:
+        raise ValueError(f"need accuracy_images >= 0 and calib_images >= 1, got {bc.accuracy_images}, "
+                         f"{bc.calib_images}")
 
 
 def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
@@ -178,17 +225,21 @@ def _time_interleaved(calls: dict[str, Callable[[], object]], bc: BenchConfig) -
     return times
 
 
-def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, skipped: dict[str, str]
-                          ) -> dict[str, tuple[Callable, str]]:
-    """name -> (callable, compute dtype): ours and the peers in `dname`; alongside fp32 also our speed modes."""
+def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, skipped: dict[str, str],
+                          calib: torch.Tensor | None) -> dict[str, tuple[Callable, str]]:
+    """name -> (callable, compute dtype): ours and the peers in `dname`; alongside fp32 also our speed modes and
+    the int8 runtimes (calibrated on `calib`)."""
     dtype, device = DTYPES[dname], bc.device
     cands: dict[str, tuple[Callable, str]] = {"ours": (_copy_of(ours).to(dtype), dname)}
     for peer in bc.peers:
-        if peer == "onnxruntime" and (dname != "fp32" or device != "cpu"):
+        if peer in RUNTIME_PEERS and (dname not in RUNTIME_PEERS[peer] or device != "cpu"):
             continue
         try:
-            if peer == "onnxruntime":
-                cands[peer] = (OnnxRuntime(ours, torch.get_num_threads()), "fp32")
+            if peer in RUNTIME_PEERS:
+                log.info("building %s (%s) ...", peer, dname)
+                built = build_runtime(peer, ours, dname, torch.get_num_threads(), calib)
+                if built is not None:
+                    cands[peer] = built
             else:
                 cands[peer] = (BUILDERS[peer](ours).eval().to(dtype), dname)
         except (ImportError, ValueError) as e:
@@ -210,29 +261,61 @@ def _bench_inference(ours: VisionTransformer, bc: BenchConfig, cfg: ViTConfig, p
     xc = torch.randn(2, cfg.in_chans, *cfg.img_hw, generator=g).to(device)  # the same-weights check
     with torch.inference_mode():
         ref = ours(xc)
+    acc_x, acc_src = _real_images(bc, cfg, "test", bc.accuracy_images)  # the accuracy cost: real images
+    with torch.inference_mode():
+        acc_ref = _logits(ours, acc_x.to(device), bc)
+    calib = None
+    if any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers) and "fp32" in bc.dtypes:
+        calib, calib_src = _real_images(bc, cfg, "train", bc.calib_images)
+        log.info("int8 runtimes calibrate on %d images of %s", len(calib), calib_src)
     results = []
     for dname in bc.dtypes:
         dtype = DTYPES[dname]
-        cands = _inference_candidates(ours, bc, dname, skipped)
-        for name, (fn, _) in cands.items():  # same weights, same function: checked, not assumed
-            if not name.startswith("ours["):
-                xin = xc if name == "onnxruntime" else xc.to(dtype)
-                _check_same(name, fn, xin, ref, atol=1e-3 if dname == "fp32" else 0.1 * ref.abs().max().item())
+        cands = _inference_candidates(ours, bc, dname, skipped, calib)
+        accuracy: dict[str, tuple[float | None, float | None]] = {}
+        for name, (fn, cdt) in cands.items():  # same weights, same function: checked, not assumed
+            fp32_in = name.startswith("ours[") or name in RUNTIME_PEERS
+            if not name.startswith("ours[") and cdt == "int8":  # calibrated: checked on real images
+                xk, refk = (acc_x[:16], acc_ref[:16]) if len(acc_x) else (xc, ref)
+                _check_correlated(name, fn, xk, refk)
+            elif not name.startswith("ours["):
+                _check_same(name, fn, xc if fp32_in else xc.to(dtype), ref, atol=_check_tolerance(cdt, ref))
+            accuracy[name] = _accuracy_cost(fn, acc_x if fp32_in else acc_x.to(dtype), acc_ref, bc)
         for b in bc.batch_sizes:
             x = torch.randn(b, cfg.in_chans, *cfg.img_hw, generator=g).to(device)
             calls = {}
             for name, (fn, _) in cands.items():
-                xin = x if (name.startswith("ours[") or name == "onnxruntime") else x.to(dtype)
+                xin = x if (name.startswith("ours[") or name in RUNTIME_PEERS) else x.to(dtype)
                 calls[name] = _inference_call(fn, xin)
             log.info("inference %s batch %d: warm-up %s", dname, b, ", ".join(calls))
             times = _time_interleaved(calls, bc)
             for name, call in calls.items():
                 cdt = cands[name][1]
                 results.append(Result("infer", name, cdt, b, times[name], flops_fwd * b, peaks.get(cdt),
-                                      peak_memory(call, device)))
+                                      peak_memory(call, device), agreement=accuracy[name][0],
+                                      max_logit_diff=accuracy[name][1],
+                                      note=f"accuracy on {len(acc_x)} {acc_src} images" if len(acc_x) else ""))
                 log.info("  %-22s %9.1f img/s", name, b / statistics.median(times[name]))
         del cands, calls
     return results
+
+
+def _logits(fn: Callable, x: torch.Tensor, bc: BenchConfig) -> torch.Tensor:
+    """fp32 logits of `fn` over `x` in chunks of the largest benchmarked batch (at most 32)."""
+    chunk = max(1, min(32, max(bc.batch_sizes)))
+    if len(x) == 0:
+        return torch.empty(0)
+    return torch.cat([fn(x[i : i + chunk]).float().cpu() for i in range(0, len(x), chunk)])
+
+
+def _accuracy_cost(fn: Callable, x: torch.Tensor, ref: torch.Tensor, bc: BenchConfig
+                   ) -> tuple[float | None, float | None]:
+    """(top-1 agreement with `ref`, max |logit difference|) of `fn` on `x`; (None, None) without images."""
+    if len(x) == 0:
+        return None, None
+    with torch.inference_mode():
+        out = _logits(fn, x.to(bc.device), bc)
+    return (out.argmax(1) == ref.argmax(1)).float().mean().item(), (out - ref).abs().max().item()
 
 
 def _inference_call(fn: Callable, x: torch.Tensor) -> Callable[[], object]:
@@ -260,7 +343,7 @@ def _bench_training(ours: VisionTransformer, bc: BenchConfig, b: int, cfg: ViTCo
             m.set_grad_checkpointing(True)
             models["ours[grad-ckpt]"] = m
         for peer in bc.train_peers:
-            if peer == "onnxruntime":
+            if peer in RUNTIME_PEERS:  # inference only
                 continue
             try:
                 models[peer] = BUILDERS[peer](ours).to(device)

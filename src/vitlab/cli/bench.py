@@ -11,18 +11,21 @@ from .eval import MODES
 
 HELP = "throughput, latency, memory and MFU against timm, transformers, torchvision"
 DESCRIPTION = """\
-Our ViT against timm, transformers, torchvision and onnxruntime in one process: every peer is built with our shape
-and loaded with our weights (its logits must match ours), then all candidates run interleaved after a warm-up, so
-a change in the machine's load hits them alike. Reported: median and min/max over the rounds, the paired ratio of
-our time to each peer's, MFU against this machine's measured matmul peak, and peak memory; the same results go to
-bench.json, bench.txt and bench.png in the output folder. Library: vitlab.bench."""
+Our ViT against timm, transformers, torchvision, ONNX Runtime (fp32, static int8) and OpenVINO (fp32, bf16, NNCF
+int8; `openvino` extra) in one process: every peer is built with our shape and loaded with our weights (its logits
+must match ours; int8 runtimes calibrate on real training images), then all candidates run interleaved after a
+warm-up, so a change in the machine's load hits them alike. Each inference candidate's accuracy cost (top-1
+agreement with our fp32 model, largest logit difference) is measured on real test images (--accuracy-data).
+Reported: median and min/max over the rounds, the paired ratio of our time to each peer's, MFU against this
+machine's measured matmul peak, and peak memory; the same results go to bench.json, bench.txt and bench.png in the
+output folder. Library: vitlab.bench."""
 EXAMPLES = """\
   vitlab bench --model ViT-B/16 --batch-sizes 1 8 32 --dtypes fp32 bf16 --modes int8 compile
   vitlab bench --model ViT-Ti/16 --img-size 32 --depth 2 --rounds 2 --peak-size 256 -o /tmp/b   # seconds"""
 
 # vitlab.bench.PEERS and DTYPES, spelled out so that --help imports no torch (tests/test_cli.py checks that they
 # agree)
-PEERS = ("timm", "transformers", "torchvision", "onnxruntime")
+PEERS = ("timm", "transformers", "torchvision", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8")
 DTYPES = ("bf16", "fp32")
 
 
@@ -46,6 +49,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     add_device(p)
     p.add_argument("--peak-size", type=int, default=2048, help="side of the square matmuls that measure the peak")
+    p.add_argument("--accuracy-data", default="fashion_mnist", metavar="SPEC",
+                   help="real images for the accuracy cost (test split) and int8 calibration (train split); "
+                        "'none': random images")
+    p.add_argument("--accuracy-images", type=int, default=64,
+                   help="test images each inference candidate is compared with our fp32 model on (0: none)")
+    p.add_argument("--calib-images", type=int, default=300, help="training images the int8 runtimes calibrate on")
     add_output(p, "folder for bench.json, bench.txt, bench.png", default="bench-results", metavar="DIR")
     p.add_argument("--no-png", action="store_true", help="do not draw bench.png")
 
@@ -63,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
     positive("--iters", args.iters)
     positive("--warmup", args.warmup, minimum=0)
     positive("--train-batch", args.train_batch, minimum=0)
+    positive("--accuracy-images", args.accuracy_images, minimum=0)
+    positive("--calib-images", args.calib_images)
     check_output(args.output, folder=True)  # before minutes of measuring
     size = args.img_size
     if isinstance(size, tuple):
@@ -78,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         train_peers=tuple(args.train_peers), grad_checkpointing=not args.no_grad_checkpointing,
         warmup=args.warmup, rounds=args.rounds, iters=args.iters, threads=args.threads,
         device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"), peak_size=args.peak_size,
-        overrides=overrides,
+        overrides=overrides, accuracy_data=None if args.accuracy_data.lower() == "none" else args.accuracy_data,
+        accuracy_images=args.accuracy_images, calib_images=args.calib_images,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

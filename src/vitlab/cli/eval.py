@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="test", choices=("test", "val", "train"), help="which split")
     p.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
-                   help="autocast precision (eager); auto: bf16 where it is the fast path (a CPU with AMX, a GPU "
-                        "with bf16), else fp32")
+                   help="autocast precision (eager); auto: fp32 or bf16, whichever measures faster for this "
+                        "model and batch on this machine (cached; VITLAB_AUTOTUNE=off: bf16 only with AMX or a GPU)")
     p.add_argument("--mode", choices=MODES, default="fp32",
                    help="inference speed mode from vitlab.optimize instead of plain eager (docs/speed.md); "
                         "with any mode but fp32, --precision is ignored")

@@ -8,12 +8,14 @@ from typing import Any
 from torch import nn
 
 from ..config import ViTConfig
-from ..model import VisionTransformer
+from ..model import VisionTransformer, create_model
+from ..resnet import ResNetConfig, ResNetV2
 from .recipe import Recipe, data_config_from_dict
 
 
-def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -> VisionTransformer:
-    """The recipe's model with the data's class count; from the `init` checkpoint when one is given.
+def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -> VisionTransformer | ResNetV2:
+    """The recipe's model (a ViT, or a BiT ResNet) with the data's class count; from the `init` checkpoint when one
+    is given.
 
     Fine-tuning (paper Sec. 3.2): the pre-trained head (and pre-logits) is replaced by a zero-initialised one
     when `init.drop_head`, and learned position embeddings are resampled on the 2-D grid to the new resolution.
@@ -24,8 +26,7 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
     over["num_classes"] = num_classes
     if in_chans is not None and over.get("in_chans", in_chans) != in_chans:
         raise ValueError(f"model.in_chans={over['in_chans']} but the data gives {in_chans} channels")
-    cfg = ViTConfig.from_name(recipe.model.name, **over)
-    model = VisionTransformer(cfg)
+    model = create_model(recipe.model.name, **over)
     if recipe.init.checkpoint:
         import warnings
 
@@ -77,7 +78,7 @@ def data_config_with_init(recipe: Recipe) -> Any:
     return data_config_from_dict(data)
 
 
-def trained_preprocess(recipe: Recipe, data_cfg: Any, vit_cfg: ViTConfig) -> Any:
+def trained_preprocess(recipe: Recipe, data_cfg: Any, vit_cfg: ViTConfig | ResNetConfig) -> Any:
     """The eval preprocessing the run's data pipeline applies, stored with every model it saves."""
     from ..preprocess import from_data_config
 

@@ -1,14 +1,23 @@
-"""`vitlab demo` (what `make demo` runs): pre-train a ViT on Fashion-MNIST on the CPU, fine-tune it at a higher
-resolution with interpolated position embeddings (paper Sec. 3.2), evaluate both, write one report.
+"""`vitlab demo` (what `make demo` runs): the paper's story in miniature on a CPU, in about 8 minutes.
 
-The two steps are the shipped recipes configs/fmnist_pretrain.yaml and configs/fmnist_finetune.yaml, run through
-the same `train()` as `vitlab train`; sized for ~10 minutes on 2 idle CPU cores.
+1. Pre-train a hybrid ViT (paper Sec. 3.1) on Fashion-MNIST at a low resolution (48 px: cheap steps), with a
+   point of the eval curve every few steps on a fixed subset of the test set.
+2. Fine-tune it at a higher resolution (64 px), the position embeddings interpolated on the 2-D grid (Sec. 3.2).
+3. Transfer it to another data set (scikit-learn's handwritten digits) with a zero head, against the same model
+   trained from scratch on the same images and steps, with 10 labels per class and with all of them (Sec. 4.2).
+4. Look inside the fine-tuned model with `vitlab.analysis` (Sec. 4.5: position-embedding similarity, mean
+   attention distance, attention rollout).
+
+Each training step is a shipped recipe (configs/demo_pretrain.yaml, demo_finetune.yaml, demo_transfer.yaml) run
+through the same `train()` as `vitlab train`; the final models are evaluated on the whole test set. Everything
+lands on one self-contained HTML page (`report.html`, `vitlab.train.demo_page`) and in `demo.json`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,23 +26,36 @@ from typing import Any
 import torch
 
 from .. import recipes
-from .checkpoint import atomic_write
+from .._extras import MissingExtraError
+from ..evaluate import EvalResult, evaluate
+from ..io import write_atomic
+from ..model import VisionTransformer
+from .build import data_config_with_init
 from .loop import TrainResult, train
-from .recipe import load_recipe
+from .recipe import Recipe, load_recipe
+from .report import read_metrics
 
 CONFIG_DIR = recipes.directory()  # the shipped recipes: package data, linked as configs/ in a checkout
+RECIPES = {"pretrain": "demo_pretrain.yaml", "finetune": "demo_finetune.yaml", "transfer": "demo_transfer.yaml"}
+TRANSFER_LABELS: tuple[int | None, ...] = (10, None)  # digits labels per class of the transfer runs (None: all)
+# Training from scratch on the transfer task: step 1's optimiser (AdamW, its lr and weight decay), not the
+# fine-tuning SGD, which is tuned for weights that are already good.
+SCRATCH_OVERRIDES = ("init.checkpoint=null", "optim.name=adamw", "optim.lr=2e-3", "optim.weight_decay=0.05")
+ANALYSIS_IMAGES = 8
+DATASET_NAMES = {"fashion_mnist": "Fashion-MNIST", "digits": "digits"}  # as the page and the CLI name them
 
 log = logging.getLogger(__name__)
 
 
 def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = (), data_root: str | None = None,
              progress: bool = True) -> dict[str, Any]:
-    """Pre-train, fine-tune, and write `out/report.md`; returns the summary written to `out/demo.json`.
+    """Pre-train, fine-tune, transfer, analyse, and write `out/report.html`; returns what `out/demo.json` holds.
 
     Args:
-        out: A new (or empty) folder for both runs, demo.json and report.md.
-        configs: Folder holding fmnist_pretrain.yaml and fmnist_finetune.yaml (default: the shipped recipes).
-        overrides: `section.key=value` overrides applied to both recipes.
+        out: A new (or empty) folder for the runs, demo.json and report.html.
+        configs: Folder holding demo_pretrain.yaml, demo_finetune.yaml and demo_transfer.yaml (default: the
+            shipped recipes).
+        overrides: `section.key=value` overrides applied to every recipe (e.g. `train.steps=20` for a quick look).
         data_root: Fashion-MNIST IDX folder (default: the recipes' data.root).
         progress: tqdm bars during training.
 
@@ -43,29 +65,139 @@ def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = 
         RuntimeError: A training step stopped before completing.
     """
     configs = Path(configs) if configs is not None else CONFIG_DIR
-    for name in ("fmnist_pretrain.yaml", "fmnist_finetune.yaml"):
+    for name in RECIPES.values():
         if not (configs / name).is_file():
-            raise FileNotFoundError(f"{configs / name} not found; pass --configs pointing at a folder holding both")
+            raise FileNotFoundError(f"{configs / name} not found; pass --configs pointing at a folder holding "
+                                    f"{', '.join(RECIPES.values())}")
     if out.exists() and any(out.iterdir()):
         raise FileExistsError(f"{out} already exists and is not empty; choose another -o")
-    extra = list(overrides) + ([f"data.root={data_root}"] if data_root else [])
+    user = list(overrides)
+    fmnist = [*user, *([f"data.root={data_root}"] if data_root else [])]
     t0 = time.perf_counter()
-    log.info("[1/2] pre-training on Fashion-MNIST at 28 px -> %s", out / "pretrain")
-    pre = train(load_recipe(configs / "fmnist_pretrain.yaml", extra), out / "pretrain", progress=progress)
-    _check(pre)
-    log.info("      test top-1 %.2f%%", 100 * pre["eval"]["top1"])
-    ft_recipe = load_recipe(configs / "fmnist_finetune.yaml", [*extra, f"init.checkpoint={pre['model']}"])
-    size = ft_recipe.model.overrides.get("img_size")
-    log.info("[2/2] fine-tuning at %s px, position embeddings resampled (%s) -> %s", size,
-             ft_recipe.init.pos_embed_resize, out / "finetune")
-    ft = train(ft_recipe, out / "finetune", progress=progress)
-    _check(ft)
-    log.info("      test top-1 %.2f%%", 100 * ft["eval"]["top1"])
-    summary = {"pretrain": _brief(pre), "finetune": _brief(ft), "wall_time_s": time.perf_counter() - t0,
-               "threads": torch.get_num_threads()}
-    atomic_write(out / "demo.json", lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"))
-    atomic_write(out / "report.md", lambda p: p.write_text(_markdown(summary, pre, ft), encoding="utf-8"))
+    summary: dict[str, Any] = {"machine": _machine(), "threads": torch.get_num_threads(),
+                               "load_average_start": list(os.getloadavg()), "stages_wall_s": {}, "stages_cpu_s": {}}
+
+    pre_recipe = load_recipe(configs / RECIPES["pretrain"], fmnist)
+    log.info("[1/4] pre-training at %s px -> %s", pre_recipe.model.overrides.get("img_size"), out / "pretrain")
+    pre, pre_test = _stage(pre_recipe, out / "pretrain", progress, summary, "pretrain")
+    log.info("      test top-1 %.2f%% (all %d test images)", 100 * pre_test.top1, pre_test.num_samples)
+
+    ft_recipe = load_recipe(configs / RECIPES["finetune"], [*fmnist, f"init.checkpoint={pre['model']}"])
+    log.info("[2/4] fine-tuning at %s px, position embeddings resampled (%s) -> %s",
+             ft_recipe.model.overrides.get("img_size"), ft_recipe.init.pos_embed_resize, out / "finetune")
+    ft, ft_test = _stage(ft_recipe, out / "finetune", progress, summary, "finetune")
+    log.info("      test top-1 %.2f%% (all %d test images)", 100 * ft_test.top1, ft_test.num_samples)
+
+    log.info("[3/4] transfer to digits: pre-trained vs from scratch -> %s", out / "transfer")
+    t, c = time.perf_counter(), time.process_time()
+    transfer = run_transfer(configs / RECIPES["transfer"], user, str(pre["model"]), out / "transfer", progress)
+    _timed(summary, "transfer", t, c)
+
+    log.info("[4/4] analysis of the fine-tuned model, report")
+    t, c = time.perf_counter(), time.process_time()
+    from ..weights import load_model
+
+    model = load_model(str(ft["model"]))
+    if not isinstance(model, VisionTransformer):
+        raise RuntimeError(f"the demo's fine-tuned model is a {type(model).__name__}, not a VisionTransformer")
+    images = _first_images(ft_recipe, model, ANALYSIS_IMAGES)
+    from ..analysis.findings import analyze
+
+    analysis = analyze(model, images, batch_size=ANALYSIS_IMAGES, layer_maps=[0], source="vitlab demo")
+    summary.update(dataset=DATASET_NAMES.get(str(pre_recipe.data.get("dataset")), str(pre_recipe.data.get("dataset"))),
+                   pretrain=_brief(pre, pre_test, pre_recipe), finetune=_brief(ft, ft_test, ft_recipe),
+                   transfer=transfer, findings=analysis.findings)
+    from .demo_page import write_page
+
+    summary["load_average_end"] = list(os.getloadavg())
+    summary["report"] = str(out / "report.html")
+    _timed(summary, "analysis", t, c)
+    summary["wall_time_s"] = time.perf_counter() - t0  # up to the page (drawing and writing it: ~2 s more)
+    write_page(out / "report.html", summary, analysis)
+    write_atomic(out / "demo.json", lambda p: p.write_text(json.dumps(summary, indent=2) + "\n"), overwrite=True)
     return summary
+
+
+def _stage(recipe: Recipe, run_dir: Path, progress: bool, summary: dict[str, Any],
+           name: str) -> tuple[TrainResult, EvalResult]:
+    """Train one recipe, then evaluate its final model on the whole eval split (the run's own evaluations may
+    use a subset: `train.eval_max_samples`)."""
+    t, c = time.perf_counter(), time.process_time()
+    result = train(recipe, run_dir, progress=progress)
+    _check(result)
+    test = full_evaluation(recipe, result)
+    _timed(summary, name, t, c)
+    return result, test
+
+
+def _timed(summary: dict[str, Any], name: str, wall0: float, cpu0: float) -> None:
+    """Record a step's wall time and this process's CPU time (all threads): on a busy machine the CPU time is
+    close to what the step costs, the wall time is not."""
+    summary["stages_wall_s"][name] = time.perf_counter() - wall0
+    summary["stages_cpu_s"][name] = time.process_time() - cpu0
+
+
+def full_evaluation(recipe: Recipe, result: TrainResult) -> EvalResult:
+    """The run's final model on every image of its eval split, prepared as the run prepared them."""
+    from ..data import build_eval_data
+    from ..weights import load_model
+
+    model = load_model(str(result["model"]))
+    data = build_eval_data(data_config_with_init(recipe), recipe.train.eval_split, img_size=model.cfg.img_size,
+                           in_chans=model.cfg.in_chans, batch_size=recipe.train.eval_batch_size or 500)
+    return evaluate(model, data, model.cfg.num_classes, precision=recipe.train.precision,
+                    class_names=list(data.classes))
+
+
+def run_transfer(recipe_path: Path, overrides: Sequence[str], checkpoint: str, out: Path,
+                 progress: bool) -> dict[str, Any]:
+    """The transfer recipe from `checkpoint` and from scratch, for each label budget of `TRANSFER_LABELS`.
+
+    Returns:
+        {"dataset", "runs": [{"labels_per_class", "train_images", "pretrained": {...}, "scratch": {...}}]}, or
+        {"skipped": why} when the transfer data set needs an extra that is not installed.
+    """
+    runs = []
+    dataset = None
+    try:
+        for labels in TRANSFER_LABELS:
+            budget = [f"data.labels_per_class={labels}"] if labels else []
+            row: dict[str, Any] = {"labels_per_class": labels or "all"}
+            for kind, extra in (("pretrained", [f"init.checkpoint={checkpoint}"]), ("scratch", SCRATCH_OVERRIDES)):
+                recipe = load_recipe(recipe_path, [*overrides, *budget, *extra])
+                dataset = recipe.data.get("dataset")
+                result = train(recipe, out / f"{kind}_{labels or 'all'}", progress=progress)
+                _check(result)
+                ev = result["eval"]
+                row[kind] = {"top1": ev["top1"], "steps": result["step"], "optimizer": recipe.optim.name,
+                             "lr": recipe.optim.lr, "curve": _curve(result, recipe.train.batch_size)}
+                row["train_images"] = _train_size(recipe)
+                row["test_images"] = ev["num_samples"]
+                log.info("      %s, %s labels per class: %s %.2f%%", dataset, labels or "all", kind, 100 * ev["top1"])
+            runs.append(row)
+    except MissingExtraError as e:
+        log.warning("transfer step skipped: %s", e)
+        return {"skipped": str(e)}
+    return {"dataset": dataset, "runs": runs}
+
+
+def _train_size(recipe: Recipe) -> int:
+    """Training images the recipe's data set gives (after class / label-budget selection)."""
+    from ..data import build_train_stream
+
+    stream = build_train_stream(data_config_with_init(recipe), img_size=8, in_chans=1, batch_size=1, seed=0)
+    return int(stream.epoch_size)
+
+
+def _first_images(recipe: Recipe, model: VisionTransformer, n: int) -> torch.Tensor:
+    """The first `n` eval images (normalised, at the model's size): the analysis's inputs."""
+    from ..data import build_eval_data
+
+    cfg = model.cfg
+    data = build_eval_data(data_config_with_init(recipe), recipe.train.eval_split, img_size=cfg.img_size,
+                           in_chans=cfg.in_chans, batch_size=n)
+    x, _ = next(iter(data))
+    return x[:n]
 
 
 def _check(s: TrainResult) -> None:
@@ -73,24 +205,28 @@ def _check(s: TrainResult) -> None:
         raise RuntimeError(f"demo step stopped: {s['status']} at step {s['step']}")
 
 
-def _brief(s: TrainResult) -> dict[str, Any]:
-    return {"top1": s["eval"]["top1"], "top5": s["eval"]["top5"], "steps": s["step"], "images": s["images_seen"],
-            "train_time_s": s["train_time_s"], "model": s["model"], "report": s["report"]}
+def _curve(result: TrainResult, batch_size: int) -> list[dict[str, Any]]:
+    """The run's evaluations along training: step, images seen, top-1, and how many test images each used."""
+    rows = read_metrics(Path(result["run_dir"]) / "metrics.jsonl")
+    split = f"eval_{result['eval_split'] or 'test'}"
+    return [{"step": r["step"], "images": r["step"] * batch_size, "top1": r["top1"]}
+            for r in rows if r.get("split") == split]
 
 
-def _markdown(summary: dict[str, Any], pre: TrainResult, ft: TrainResult) -> str:
-    p, f = summary["pretrain"], summary["finetune"]
-    rows = [("pre-train, 28 px (7x7 patches)", p), ("fine-tune, 40 px (10x10 patches)", f)]
-    lines = ["# vitlab demo: Fashion-MNIST pre-training and higher-resolution fine-tuning", "",
-             "| stage | test top-1 | test top-5 | steps | images | training time |", "|---|---|---|---|---|---|"]
-    lines += [f"| {name} | {100 * s['top1']:.2f}% | {100 * s['top5']:.2f}% | {s['steps']} | {s['images']} | "
-              f"{s['train_time_s'] / 60:.1f} min |" for name, s in rows]
-    lines += ["", f"Total wall time {summary['wall_time_s'] / 60:.1f} min on {summary['threads']} threads.", "",
-              "Per-class test accuracy after fine-tuning:", "", "| class | pre-train | fine-tune |", "|---|---|---|"]
-    for c, a in ft["eval"]["per_class"].items():
-        lines.append(f"| {c} | {100 * pre['eval']['per_class'].get(c, float('nan')):.1f}% | {100 * a:.1f}% |")
-    lines += ["", "Curves: [pre-train](pretrain/curves.png), [fine-tune](finetune/curves.png). Details: "
-              "[pre-train report](pretrain/report.md), [fine-tune report](finetune/report.md).", "",
-              "![pre-train](pretrain/curves.png)", "", "![fine-tune](finetune/curves.png)", ""]
-    return "\n".join(lines)
+def _brief(s: TrainResult, test: EvalResult, recipe: Recipe) -> dict[str, Any]:
+    cfg = recipe.model.vit_config(num_classes=len(test.classes) or 10)
+    grid = cfg.grid_size
+    return {"top1": test.top1, "top5": test.top5, "test_images": test.num_samples,
+            "per_class": dict(test.per_class), "steps": s["step"], "batch_size": recipe.train.batch_size,
+            "images": s["images_seen"], "train_time_s": s["train_time_s"], "status": s["status"],
+            "precision": s["precision"], "images_per_s": s["images_per_s"], "img_size": cfg.img_size,
+            "tokens": grid[0] * grid[1], "grid": list(grid), "optimizer": recipe.optim.name, "lr": recipe.optim.lr,
+            "curve": _curve(s, recipe.train.batch_size), "curve_samples": recipe.train.eval_max_samples,
+            "model": s["model"], "run_dir": s["run_dir"]}
 
+
+def _machine() -> str:
+    """The CPU (or GPU) this ran on, as `vitlab.autotune` keys its measurements."""
+    from ..autotune import machine_key
+
+    return machine_key()

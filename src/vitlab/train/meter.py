@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ViTConfig
+from ..resnet import ResNetConfig
 from ..flops import count_flops
 
 
@@ -70,7 +71,7 @@ class Meter:
         world_size: Processes training together (the peak is per process).
     """
 
-    def __init__(self, cfg: ViTConfig, device_type: str, precision: str, world_size: int = 1) -> None:
+    def __init__(self, cfg: ViTConfig | ResNetConfig, device_type: str, precision: str, world_size: int = 1) -> None:
         self.cfg = cfg
         self._probe = (device_type, precision, world_size)
         self.peak = peak_flops(device_type, precision) * world_size

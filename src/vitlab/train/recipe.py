@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from ..config import RESIZE_MODES, ViTConfig, canonical_name, check_bool, check_keys, check_number
+from ..config import RESIZE_MODES, ViTConfig, check_bool, check_keys, check_number
 from ..precision import PRECISIONS
+from ..resnet import ResNetConfig, config_from_name
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -44,11 +45,12 @@ def _choice(section: str, key: str, value: Any, choices: tuple[str, ...]) -> Non
 
 @dataclass
 class ModelSection:
-    """`model:` a zoo name plus any ViTConfig field as an override.
+    """`model:` a zoo name plus any config field as an override.
 
     Attributes:
-        name: A variant name from `vitlab models` ("ViT-B/16", "S/16", ...).
-        overrides: Every other key of the section: ViTConfig fields (img_size, patch_size, pool, ...).
+        name: A variant name from `vitlab models` ("ViT-B/16", "S/16", ...) or a BiT ResNet ("BiT-R50x1", ...).
+        overrides: Every other key of the section: ViTConfig fields (img_size, patch_size, pool, ...), or for a
+            BiT ResNet `vitlab.resnet.ResNetConfig` fields (img_size, in_chans, width, layers, ...).
     """
 
     name: str = "ViT-B/16"
@@ -58,15 +60,15 @@ class ModelSection:
     def from_dict(cls, d: dict[str, Any] | None) -> ModelSection:
         d = dict(d or {})
         name = d.pop("name", cls.name)
-        canonical_name(name)  # unknown names list the known ones
-        ViTConfig.from_name(name).replace(**d)  # unknown fields list the valid ones; values validated
+        config_from_name(name).replace(**d)  # unknown names / fields list the known ones; values validated
         return cls(name=name, overrides=d)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **self.overrides}
 
-    def vit_config(self, **extra: Any) -> ViTConfig:
-        return ViTConfig.from_name(self.name, **{**self.overrides, **extra})
+    def vit_config(self, **extra: Any) -> ViTConfig | ResNetConfig:
+        """The model's config: a ViTConfig, or a ResNetConfig for a BiT ResNet."""
+        return config_from_name(self.name, **{**self.overrides, **extra})
 
 
 @dataclass
@@ -139,9 +141,10 @@ class TrainSection:
         batch_size: Global batch per optimizer step (all processes and accumulation steps together).
         steps: Optimizer steps; give this or `epochs`.
         epochs: Passes over the training set (converted to steps with the stream's epoch size).
-        precision: "auto" (the default): bf16 on a GPU with bf16 support or a CPU with AMX tiles (where bf16
-            matmuls are several times faster), else fp32; or "bf16" (autocast on CPU and GPU; weights and optimizer
-            stay fp32) or "fp32" explicitly.
+        precision: "auto" (the default): on a CPU, fp32 or bf16, whichever runs this model's training step
+            faster on this machine (a few steps of each, measured once and cached, `vitlab.train.tune`; with
+            VITLAB_AUTOTUNE=off, bf16 only with AMX tiles); on a GPU bf16 where supported; or "bf16" (autocast
+            on CPU and GPU; weights and optimizer stay fp32) or "fp32" explicitly.
         seed: Seeds model init, data order, augmentation, dropout.
         accum_steps: Micro-batches per optimizer step (batch_size must divide by accum_steps * processes).
         eval_every: Evaluate every this many steps (0: only at the end).

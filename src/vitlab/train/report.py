@@ -130,7 +130,8 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
     lines = [f"# Run report: {run_dir}", ""]
     if recipe is not None:
         cfg = recipe.model.vit_config(num_classes=len(ev.get("classes", [])) or 1)
-        lines += [f"Model: {recipe.model.name} {recipe.model.overrides}  ({cfg.seq_len} tokens)", ""]
+        size = f"{cfg.seq_len} tokens" if hasattr(cfg, "seq_len") else f"{cfg.num_features}-d features"
+        lines += [f"Model: {recipe.model.name} {recipe.model.overrides}  ({size})", ""]
     lines += [
         f"- status: {summary.get('status')}",
         f"- steps: {summary.get('step')} / {summary.get('total_steps')} (skipped non-finite: "

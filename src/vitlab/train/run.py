@@ -46,6 +46,7 @@ from .rng import rng_state, seed_everything, set_rng_state
 from .rundir import resume_point, write_recipe
 from .schedule import lr_at
 from .step import StepResult, all_finite, resize_batch, train_step
+from .tune import train_precision
 
 logger = logging.getLogger("vitlab.train")
 
@@ -141,7 +142,7 @@ class Run:
         self.on_step, self.on_loss = on_step, on_loss
         self.ckpt_dir = run_dir / "checkpoints"
         seed_everything(self.tr.seed)
-        self.precision = resolve_precision(self.tr.precision, info.device)  # "auto" decided once, recorded
+        self.precision = resolve_precision(self.tr.precision, info.device)  # "auto": measured in _build_model
         self.vit_cfg = recipe.model.vit_config(num_classes=0)
         self.data_cfg: Any = None
         self._build_data(stream, eval_data)
@@ -189,7 +190,7 @@ class Run:
         model = build_model(self.recipe, num_classes=self.num_classes).to(info.device)
         self.trained_pre = trained_preprocess(self.recipe, self.data_cfg, self.vit_cfg)  # saved with the weights
         for size, _ in tr.resize_schedule or []:
-            if size % model.patch_embed.pixel_patch:
+            if isinstance(model, VisionTransformer) and size % model.patch_embed.pixel_patch:  # a ResNet takes any
                 raise ValueError(f"train.resize_schedule: size {size} is not a multiple of the model's "
                                  f"{model.patch_embed.pixel_patch} pixels per token")
         if tr.grad_checkpointing:
@@ -202,6 +203,7 @@ class Run:
             model.load_state_dict(weights, strict=True)
             self.resumed_from = str(weights_path)
         self.model = model
+        self.precision = self._decide_precision(model)
         self.net = wrap_model(model, info, tr.parallel)
         self.optimizer = build_optimizer(self.net if tr.parallel == "fsdp" else model, self.recipe.optim)
         self.ema = None
@@ -225,6 +227,25 @@ class Run:
         self.it = iter(self.stream)
         self.meter = Meter(model.cfg, info.device.type, self.precision, info.world_size)
         self.meter.start(self.state.train_time_s, self.state.images_seen, self.state.step)
+
+    def _decide_precision(self, model: nn.Module) -> str:
+        """`train.precision`, "auto" decided by timing this model's step in fp32 and bf16 here (`tune.py`; the
+        main process measures, the others take its answer); the evaluators follow it."""
+        tr, info = self.tr, self.info
+        if tr.precision != "auto" or info.device.type != "cpu":
+            return self.precision
+        choice: list[str | None] = [None]
+        if info.is_main:
+            micro = tr.batch_size // tr.accum_steps // info.world_size  # (B, C, H, W) of one micro-batch
+            shape = (micro, self.vit_cfg.in_chans, *to_hw(self.vit_cfg.img_size))
+            choice[0] = train_precision(model, lambda m: build_optimizer(m, self.recipe.optim), shape,
+                                        self.num_classes, info.device, clip_grad_norm=self.recipe.optim.clip_grad_norm)
+        if info.distributed:
+            torch.distributed.broadcast_object_list(choice, src=0)
+        precision = cast(str, choice[0])
+        for runner in self.evaluators.values():
+            runner.precision = precision
+        return precision
 
     def _open_outputs(self, resume: bool, progress: bool) -> None:
         """recipe.yaml, metrics.jsonl, TensorBoard and the progress bar (main process only)."""
@@ -378,7 +399,7 @@ class Run:
             sd = full_state_dict(self.net, self.info)  # collective; with cpu_offload only rank 0 gets the tensors
             if not self.info.is_main:
                 return self.model
-            plain = VisionTransformer(self.model.cfg)
+            plain = type(self.model)(self.model.cfg)
             plain.load_state_dict(sd)
             return plain.to(self.info.device)
         return self.model
@@ -428,7 +449,7 @@ class Run:
             return
         plain = self.model
         if sd is not None:
-            plain = VisionTransformer(self.model.cfg)
+            plain = type(self.model)(self.model.cfg)
             plain.load_state_dict(sd)
         train_state = {"optimizer": opt_sd, "run": state.__dict__, "data": data_states, "rng": rngs,
                        "ema": self.ema.state_dict() if self.ema is not None else None, "world_size": info.world_size}

@@ -14,7 +14,8 @@ from ..config import RESIZE_MODES, ViTConfig
 from ..hybrid import set_eps
 from ..model import VisionTransformer
 from ..preprocess import resolve as resolve_preprocess
-from . import hf, hub, npz, ours
+from ..resnet import ResNetConfig, ResNetV2
+from . import bit, hf, hub, npz, ours
 from .apply import apply_state_dict
 from .checkpoint import Checkpoint, read_checkpoint
 from .infer import infer_config
@@ -59,8 +60,8 @@ def load_weights(
         >>> report = vitlab.load_weights(model, "ViT-B_16.npz")  # doctest: +SKIP
         >>> print(report)  # doctest: +SKIP
     """
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"load_weights needs a vitlab VisionTransformer, got {type(model).__name__}")
+    if not isinstance(model, VisionTransformer | ResNetV2):
+        raise TypeError(f"load_weights needs a vitlab VisionTransformer or ResNetV2, got {type(model).__name__}")
     if pos_embed_resize is not None and pos_embed_resize not in RESIZE_MODES:
         raise ValueError(f"pos_embed_resize must be one of {RESIZE_MODES}, got {pos_embed_resize!r}")
     resolved = hub.resolve(path)
@@ -69,8 +70,10 @@ def load_weights(
         gh, gw = checkpoint_grid
         ckpt.grid = (gh, gw)
     report = _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
+    if isinstance(model, ResNetV2):
+        bit.adopt_eps(model, ckpt, report)  # the BiT ResNet's numerics follow the weights' source too
     eps = ckpt.known.get("hybrid_eps")
-    backbone = model.patch_embed.backbone  # the hybrid's ResNet, else None
+    backbone = model.patch_embed.backbone if isinstance(model, VisionTransformer) else None  # the hybrid's ResNet
     if eps is not None and backbone is not None and eps != model.cfg.hybrid_eps:
         # the ResNet's numerics follow the weights' source (docs/weights.md, "Hybrid numerics")
         set_eps(backbone, eps)
@@ -114,8 +117,8 @@ def save_weights(
     Returns:
         The path written.
     """
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"save_weights needs a vitlab VisionTransformer, got {type(model).__name__}")
+    if not isinstance(model, VisionTransformer | ResNetV2):
+        raise TypeError(f"save_weights needs a vitlab VisionTransformer or ResNetV2, got {type(model).__name__}")
     if metadata is not None and not isinstance(metadata, dict):
         raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}")
     path = Path(path)
@@ -125,6 +128,8 @@ def save_weights(
     if path.suffix == ".safetensors":
         return ours.save_safetensors(state, path, model.cfg, metadata, overwrite,
                                      preprocess=getattr(model, "preprocess", None))
+    if path.suffix == ".npz" and isinstance(model.cfg, ResNetConfig):  # Google's BiT layout
+        return npz.save_npz(bit.to_npz(state), path, overwrite)
     if path.suffix == ".npz":
         arrays, notes = npz.from_ours(state, model.cfg)
         for note in notes:
@@ -203,7 +208,7 @@ def load_model(
             raise
         raise WeightsError(f"{ckpt.source}: cannot build the model: {e}") from e
     if model is None:  # it has state outside its state dict, which only its own constructor makes
-        model = VisionTransformer(cfg)
+        model = VisionTransformer(cfg) if isinstance(cfg, ViTConfig) else ResNetV2(cfg)
     # strict: every parameter is then loaded, resampled, or (the head) replaced and zeroed; none is left empty
     _apply(model, ckpt, report, pos_embed_resize, strict=True, assign=True)
     if ckpt.preprocess is not None:  # the checkpoint's own preprocessing, at the size the model is built for
@@ -217,7 +222,12 @@ class _NoInit(VisionTransformer):
         pass
 
 
-def _uninitialised(cfg: ViTConfig, ckpt: Checkpoint | None = None) -> VisionTransformer | None:
+class _NoInitResNet(ResNetV2):
+    def init_weights(self) -> None:
+        pass
+
+
+def _uninitialised(cfg: ViTConfig | ResNetConfig, ckpt: Checkpoint | None = None) -> Any:
     """A VisionTransformer with CPU storage that is not initialised: built on the meta device, without
     init_weights (whose random draws cost seconds for the large variants, and on meta a one-time import).
     None when the model holds tensors a checkpoint does not carry (non-persistent buffers).
@@ -226,7 +236,7 @@ def _uninitialised(cfg: ViTConfig, ckpt: Checkpoint | None = None) -> VisionTran
     device, so a config that disagrees with the file (a config.json claiming width 131072 beside a small file)
     fails before any memory is allocated (`check_fits`)."""
     with torch.device("meta"):
-        model = _NoInit(cfg)
+        model: Any = _NoInit(cfg) if isinstance(cfg, ViTConfig) else _NoInitResNet(cfg)
     if ckpt is not None:
         check_fits(model, ckpt)
     if set(model.state_dict()) != {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}:
@@ -236,13 +246,13 @@ def _uninitialised(cfg: ViTConfig, ckpt: Checkpoint | None = None) -> VisionTran
             module.register_parameter(name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad))
         for name, b in list(module.named_buffers(recurse=False)):
             module.register_buffer(name, torch.empty(b.shape, dtype=b.dtype))
-    model.__class__ = VisionTransformer  # type: ignore[assignment]  # a plain VisionTransformer from here on
+    model.__class__ = model.__class__.__base__  # a plain VisionTransformer / ResNetV2 from here on
     return model
 
 
 # Config fields whose values show up as tensor dimensions: a mismatching dimension names its field.
 _SIZE_FIELDS = ("embed_dim", "mlp_dim", "in_chans", "patch_size", "num_classes", "representation_size",
-                "hybrid_width")
+                "hybrid_width", "width")
 
 
 def check_fits(meta_model: VisionTransformer, ckpt: Checkpoint) -> None:
@@ -275,7 +285,7 @@ def check_fits(meta_model: VisionTransformer, ckpt: Checkpoint) -> None:
             got, need = got[1:], need[1:]
         if got == need:
             continue
-        values = {f: getattr(cfg, f) for f in _SIZE_FIELDS if isinstance(getattr(cfg, f), int)}
+        values = {f: getattr(cfg, f) for f in _SIZE_FIELDS if isinstance(getattr(cfg, f, None), int)}
         fields = [f"{hf_names.get(f, f)}={v}" for f, v in values.items() if v in need and v not in got] or \
                  [f"{hf_names.get(f, f)}={v}" for f, v in values.items() if v in need]
         raise ShapeMismatchError(
@@ -284,14 +294,15 @@ def check_fits(meta_model: VisionTransformer, ckpt: Checkpoint) -> None:
             "(nothing was allocated)")
     depth = 1 + max((int(k.split(".")[1]) for k in ckpt.state if k.startswith("blocks.") and
                      k.split(".")[1].isdigit()), default=-1)
-    if depth and depth != cfg.depth:
+    if depth and depth != getattr(cfg, "depth", depth):
         field = hf_names.get("depth", "depth")
         raise ShapeMismatchError(f"{ckpt.source}: {where} gives {field}={cfg.depth}, but the checkpoint has {depth} "
                                  "blocks (blocks.0 ...): the config does not describe these weights")
     n_bytes = sum(p.numel() * p.element_size() for p in target.values())
     available = _memory_bytes()
     if available is not None and n_bytes > available:
-        shown = ", ".join(f"{f}={getattr(cfg, f)}" for f in ("embed_dim", "depth", "mlp_dim", "num_classes"))
+        shown = ", ".join(f"{f}={getattr(cfg, f)}" for f in ("embed_dim", "depth", "mlp_dim", "width", "layers",
+                                                               "num_classes") if hasattr(cfg, f))
         raise WeightsError(
             f"{ckpt.source}: {where} gives a model of {n_bytes / 2**30:.1f} GiB of parameters ({shown}), more than "
             f"this machine's {available / 2**30:.1f} GiB of memory; the checkpoint holds "

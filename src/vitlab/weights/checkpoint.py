@@ -17,7 +17,8 @@ import torch
 
 from .. import preprocess as pp
 from ..config import ViTConfig
-from . import big_vision, hf, npz, ours, safety, timm, torchvision
+from ..resnet import ResNetConfig
+from . import big_vision, bit, hf, npz, ours, safety, timm, torchvision
 from .report import WeightsError
 
 FORMATS = ("vitlab", "npz", "big_vision", "timm", "hf", "torchvision")
@@ -49,7 +50,7 @@ class Checkpoint:
     source: Path
     format: str
     state: dict[str, torch.Tensor]
-    config: ViTConfig | None = None
+    config: ViTConfig | ResNetConfig | None = None
     known: dict[str, Any] = field(default_factory=dict)
     grid: tuple[int, int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
@@ -112,6 +113,9 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         return _read_dir(path)
     if path.suffix == ".npz":
         arrays = safety.np_load(path)
+        if bit.matches_npz(arrays):  # Google's BiT ResNet: resnet/root_block/...
+            state, hints = bit.npz_to_ours(arrays, src)
+            return Checkpoint(path, "npz", state, known=hints)
         if big_vision.matches(arrays):  # params/ prefix, top-level pos_embedding, scanned blocks, MAP head
             state, hints = big_vision.to_ours(arrays, src)
             return Checkpoint(path, "big_vision", state, known=hints, default_resize="jax")  # scipy zoom, order 1
@@ -153,6 +157,8 @@ def _read_dir(path: Path) -> Checkpoint:
 def _from_tensors(tensors: dict[str, torch.Tensor], path: Path) -> Checkpoint:
     src = str(path)
     keys = set(tensors)
+    if bit.matches_timm(keys):  # timm's resnetv2_*_bit (a BiT ResNet, vitlab.resnet)
+        return Checkpoint(path, "timm", bit.timm_to_ours(tensors, src))
     if timm.matches(keys):
         return Checkpoint(path, "timm", timm.to_ours(tensors, src))
     if hf.matches(keys):

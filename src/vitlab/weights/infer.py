@@ -64,8 +64,13 @@ def infer_config(
             a square grid but fits this size (a non-square checkpoint without a config).
 
     Returns:
-        (config, inferred fields -> value, messages on guesses the shapes cannot settle).
+        (config, inferred fields -> value, messages on guesses the shapes cannot settle); for a BiT ResNet's
+        tensors the config is a `ResNetConfig` (`vitlab.weights.bit.infer_config`).
     """
+    from . import bit
+
+    if bit.matches_state(state):
+        return bit.infer_config(state, known, source)  # type: ignore[return-value]
     known = dict(known or {})
     blocks = _check_tensors(state, source)
     D, C, ph, _ = state["patch_embed.proj.weight"].shape

@@ -22,6 +22,7 @@ from safetensors.torch import load, save_file
 from ..config import ViTConfig
 from ..io import atomic_write
 from ..preprocess import Preprocess
+from ..resnet import ResNetConfig, config_from_dict
 from .report import WeightsError
 from .safety import sniff
 
@@ -34,7 +35,7 @@ PREPROCESS_KEY = "vitlab.preprocess"
 def save_safetensors(
     state: dict[str, torch.Tensor],
     path: str | Path,
-    cfg: ViTConfig | None = None,
+    cfg: ViTConfig | ResNetConfig | None = None,
     metadata: dict[str, Any] | None = None,
     overwrite: bool = False,
     preprocess: Preprocess | None = None,
@@ -97,8 +98,9 @@ def _header_json(path: str | Path, key: str, text: str) -> Any:
         raise WeightsError(f"{path}: bad {key} in the header (not JSON: {e})") from e
 
 
-def read_config(path: str | Path) -> ViTConfig | None:
-    """The ViTConfig stored in a .safetensors header, or None for files written by others."""
+def read_config(path: str | Path) -> ViTConfig | ResNetConfig | None:
+    """The config stored in a .safetensors header (a ViTConfig, or a BiT ResNet's ResNetConfig), or None for files
+    written by others."""
     text = read_header(path).get(CONFIG_KEY)
     if text is None:
         return None
@@ -106,7 +108,7 @@ def read_config(path: str | Path) -> ViTConfig | None:
     if not isinstance(data, dict):
         raise WeightsError(f"{path}: bad {CONFIG_KEY} in the header: a JSON object expected, got {type(data).__name__}")
     try:
-        return ViTConfig.from_dict(data)
+        return config_from_dict(data)
     except (TypeError, ValueError) as e:
         raise WeightsError(f"{path}: bad {CONFIG_KEY} in the header: {e}") from e
 

@@ -1,0 +1,68 @@
+"""`vitlab reproduce EXPERIMENT`: one of the paper's findings at a scale one machine runs, with its report; thin over
+`vitlab.paper.reproduce`."""
+
+from __future__ import annotations
+
+import argparse
+
+from ._common import UsageError, add_output, add_progress, check_output, positive, want_progress
+
+EXPERIMENTS = ("data-scale", "transfer", "resolution", "inside")  # vitlab.paper.EXPERIMENTS (no import here: fast)
+
+HELP = "reproduce one of the paper's findings in miniature: data-scale, transfer, resolution, inside"
+DESCRIPTION = """\
+Reproduce one of the paper's findings on Fashion-MNIST (and scikit-learn's handwritten digits) at a scale one
+machine runs, and report the paper's claim beside our measurement:
+
+  data-scale   ViT vs hybrid vs BiT ResNet trained on 1k..60k images, same compute per run (Sec. 4.4, Fig. 3-4)
+  transfer     pre-train, then fine-tune / few-shot linear probe with 1..all labels per class vs scratch
+               (Table 2 protocol), on held-out Fashion-MNIST classes and on the digits
+  resolution   fine-tune at 40 and 56 px with each position-embedding resize mode, vs resized only (Sec. 3.2)
+  inside       filters, position embeddings, attention distance, rollout of the best ViT (Sec. 4.5, Fig. 6-7),
+               with the other experiments' ViTs as the experiment that explains a missing pattern
+
+Every training run is a `vitlab train` run directory under OUT/EXPERIMENT/ (transfer and resolution share
+OUT/upstream/); running the same command again skips finished runs and resumes unfinished ones. The report
+(report.html with the figures inlined, one PNG and JSON per figure, result.json) goes to OUT/EXPERIMENT/report/.
+--quick is the CI setting: tiny models on synthetic data in seconds; it checks the pipeline, not the finding.
+Needs the `paper` extra (scikit-learn, matplotlib)."""
+EXAMPLES = """\
+  vitlab reproduce data-scale -o runs/paper                 # the full setting (docs/paper.md has its numbers)
+  vitlab reproduce transfer -o runs/paper --budget 20       # steps scaled to about 20 minutes of training
+  vitlab reproduce inside -o runs/paper                     # after the others: analyses their best ViT
+  vitlab reproduce resolution -o /tmp/rq --quick            # the pipeline in seconds"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("experiment", choices=EXPERIMENTS, help="which finding")
+    add_output(p, "root folder of the experiments' runs and reports (default: runs/paper)", metavar="OUT")
+    p.add_argument("--quick", action="store_true", help="the CI setting: tiny models, synthetic data, seconds")
+    p.add_argument("--budget", type=float, default=None, metavar="MINUTES",
+                   help="scale every run's steps by one factor so the experiment's training takes about this long "
+                        "(timed on this machine first); default: the setting's own steps")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    add_progress(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    positive("--threads", args.threads)
+    if args.budget is not None and not args.budget > 0:
+        raise UsageError(f"--budget must be a positive number of minutes, got {args.budget}")
+    out = Path(args.output or "runs/paper")
+    check_output(out, folder=True)
+    import torch
+
+    from ..paper import reproduce
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    page = reproduce(args.experiment, out, quick=args.quick, budget_min=args.budget, progress=want_progress(args))
+    import json
+
+    result = json.loads((page.parent / "result.json").read_text(encoding="utf-8"))
+    for c in result["claims"]:
+        print(f"[{c['verdict']:>6}] {c['measured']}")
+    print(f"report: {page}")
+    return 0

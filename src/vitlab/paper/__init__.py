@@ -1,0 +1,68 @@
+"""The paper's findings, reproduced at a scale one machine runs: `vitlab reproduce EXPERIMENT`.
+
+    data-scale   ViT vs hybrid vs BiT ResNet on growing data (Sec. 4.4, Fig. 3-4)
+    transfer     pre-train, then fine-tune / linear-probe with 1..all labels per class vs scratch (Table 2 protocol)
+    resolution   fine-tune at a higher resolution with each position-embedding resize (Sec. 3.2)
+    inside       filters, position embeddings, attention distance, rollout of the best ViT (Sec. 4.5, Fig. 6-7)
+
+Each experiment's sub-runs are `vitlab train` run directories under OUT/EXPERIMENT/ (OUT/upstream/ holds the
+pre-training that transfer and resolution share); calling it again skips finished sub-runs and resumes unfinished
+ones. The report (result.json, PNGs, report.html) goes to OUT/EXPERIMENT/report/.
+
+    from vitlab.paper import reproduce
+    page = reproduce("data-scale", "runs/paper", quick=True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+EXPERIMENTS = ("data-scale", "transfer", "resolution", "inside")
+
+__all__ = ["EXPERIMENTS", "experiment_module", "reproduce"]
+
+
+def experiment_module(name: str) -> ModuleType:
+    """The module of an experiment (`run`, `claims`, `tables_and_figures`, `TITLE`)."""
+    import importlib
+
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}")
+    return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")
+
+
+def reproduce(name: str, out: str | Path, *, quick: bool = False, budget_min: float | None = None,
+              progress: bool = False, on_report: Callable[[Path], Any] | None = None) -> Path:
+    """Run experiment `name` under `out` (resuming what is there) and write its report; returns report.html's path.
+
+    Args:
+        quick: The CI setting: tiny models on synthetic data, seconds; checks the pipeline and the report, not the
+            finding.
+        budget_min: Scale every sub-run's steps by one factor so the experiment's predicted training time is this
+            many minutes (`vitlab.paper.budget`); None: the setting's own steps.
+        progress: Progress bars of the sub-runs.
+    """
+    from .machine import machine_summary
+    from .report import write_report
+
+    mod = experiment_module(name)
+    out = Path(out)
+    t0 = time.perf_counter()
+    result = mod.run(out, quick=quick, budget_min=budget_min, progress=progress)
+    result["wall_time_s_this_call"] = time.perf_counter() - t0
+    result["machine"] = machine_summary()
+    claims = mod.claims(result)
+    tables, parts = mod.tables_and_figures(result)
+    setting = "quick (CI: tiny models, synthetic data; the numbers mean nothing)" if quick else "full"
+    intro = (f"Setting: {setting}. Machine: {result['machine']['summary']}. Training time of the sub-runs: "
+             f"{sum(r.get('train_time_s', 0.0) for r in result['runs'].values()) / 60:.1f} min; wall time of this "
+             f"call {result['wall_time_s_this_call'] / 60:.1f} min (finished sub-runs are read back, not retrained).")
+    page = write_report(out / name / "report", title=mod.TITLE, intro=intro, claims=claims, tables=tables,
+                        parts=parts, result=result)
+    if on_report is not None:
+        on_report(page)
+    return page

@@ -1,0 +1,44 @@
+"""An experiment's plan: its settings (quick or full, scaled to a budget) fixed on the first call and kept in
+`plan.json`, so that running the same command again resumes the same sub-runs instead of starting others."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..io import write_atomic
+
+S = TypeVar("S")
+
+
+def load_or_make_plan(exp_dir: Path, name: str, *, quick: bool, budget_min: float | None,
+                      make: Any, settings_cls: type[S]) -> tuple[S, dict[str, Any]]:
+    """The settings in `exp_dir/plan.json` when it was made with the same options, else `make()`'s, saved there.
+
+    Args:
+        make: () -> (settings, probe): the settings for these options (and the budget probe, or {}).
+
+    Raises:
+        ValueError: plan.json was made with other options (--quick / --budget); the message says how to go on.
+    """
+    path = exp_dir / "plan.json"
+    options = {"experiment": name, "quick": quick, "budget_min": budget_min}
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("options") != options:
+            raise ValueError(f"{exp_dir} holds a run of {name} made with {_describe(saved.get('options') or {})}; "
+                             f"run it with the same options to resume it, or choose another --out")
+        return settings_cls(**saved["settings"]), saved.get("budget") or {}
+    settings, probe = make()
+    exp_dir.mkdir(parents=True, exist_ok=True)
+    plan = {"options": options, "settings": dataclasses.asdict(settings), "budget": probe}  # type: ignore[call-overload]
+    write_atomic(path, json.dumps(plan, indent=2), overwrite=True)
+    return settings, probe
+
+
+def _describe(options: dict[str, Any]) -> str:
+    quick = "--quick" if options.get("quick") else "the full setting"
+    budget = f" --budget {options['budget_min']:g}" if options.get("budget_min") else " no --budget"
+    return quick + budget

@@ -1,0 +1,213 @@
+"""Transfer (the paper's Table 2 protocol, Sec. 3.2 and 4.2): pre-train upstream, then transfer to downstream tasks
+with 1, 5, 10, 25 and all labels per class, three ways: fine-tuning (the paper's recipe: SGD with momentum, no weight
+decay, a zero-initialised head), the few-shot linear probe on the frozen features (Sec. 4.1: ridge regression to
+{-1, 1} targets), and the same model trained from scratch on the downstream labels alone.
+
+Downstream tasks that are not the upstream data: the four Fashion-MNIST classes held out of pre-training (Shirt,
+Sneaker, Bag, Ankle boot), and scikit-learn's UCI handwritten digits (another dataset: 8x8 scans, upsampled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .budget import Job, budget_factor, scale_steps
+from .plan import load_or_make_plan
+from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
+from .report import Claim, Section, pct, png_bytes
+from .subrun import run_or_resume
+from .upstream import HELD_OUT_CLASSES, ensure_upstream, upstream_recipe
+
+NAME = "transfer"
+TASKS = {"fmnist-heldout": "Fashion-MNIST, 4 classes held out of pre-training", "digits": "UCI handwritten digits"}
+
+
+@dataclass
+class Settings:
+    """What the experiment runs.
+
+    Attributes:
+        upstream_steps, upstream_batch, upstream_warmup: The pre-training (shared with `resolution`).
+        labels: Labels per class of the downstream runs (None: every training image).
+        steps, batch_size, warmup: Every downstream run (fine-tuning and scratch alike); the batch is capped by
+            the number of labelled images.
+        finetune_lr: SGD learning rate of fine-tuning (the paper sweeps {0.001, 0.003, 0.01, 0.03}; one value here).
+        probe_seeds: Draws of the shots for the linear probe.
+        eval_samples: Test images scored per task (None: all).
+        quick: Tiny models on synthetic data (the pipeline, not the finding).
+    """
+
+    upstream_steps: int = 400
+    upstream_batch: int = 128
+    upstream_warmup: int = 30
+    labels: list[int | None] = field(default_factory=lambda: [1, 5, 10, 25, None])
+    steps: int = 60
+    batch_size: int = 32
+    warmup: int = 6
+    finetune_lr: float = 0.01
+    probe_seeds: int = 5
+    eval_samples: int | None = None
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    quick: bool = False
+
+    @classmethod
+    def for_run(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(upstream_steps=4, upstream_batch=16, upstream_warmup=1, labels=[1, None], steps=3,
+                       batch_size=16, warmup=1, probe_seeds=2, eval_samples=100, quick=True)
+        return cls()
+
+
+def task_data(task: str, quick: bool, labels: int | None) -> dict[str, Any]:
+    extra: dict[str, Any] = {} if labels is None else {"labels_per_class": labels}
+    if task == "fmnist-heldout":
+        return data_section(quick, classes=HELD_OUT_CLASSES, **extra)
+    if task == "digits":
+        return data_section(quick, dataset="digits", **extra)
+    raise ValueError(f"unknown downstream task {task!r}; known: {', '.join(TASKS)}")
+
+
+def _num_classes(task: str) -> int:
+    return len(HELD_OUT_CLASSES) if task == "fmnist-heldout" else 10
+
+
+def _batch(s: Settings, task: str, labels: int | None) -> int:
+    return s.batch_size if labels is None else min(s.batch_size, labels * _num_classes(task))
+
+
+def _label_name(labels: int | None) -> str:
+    return "all" if labels is None else str(labels)
+
+
+def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings, dict[str, Any]]:
+    def make() -> tuple[Settings, dict[str, Any]]:
+        s = Settings.for_run(quick)
+        if budget_min is None:
+            return s, {}
+        vit = model_section("vit", quick)
+        jobs = [Job(vit, s.upstream_batch, s.upstream_steps, len(HELD_OUT_CLASSES))]
+        jobs += [Job(vit, _batch(s, t, k), s.steps, _num_classes(t)) for t in s.tasks for k in s.labels
+                 for _ in ("finetune", "scratch")]
+        factor, probe = budget_factor(jobs, budget_min)
+        s.upstream_steps = scale_steps(s.upstream_steps, factor)
+        s.steps = scale_steps(s.steps, factor)
+        s.upstream_warmup = max(1, min(s.upstream_warmup, s.upstream_steps // 10))
+        s.warmup = max(1, min(s.warmup, s.steps // 10))
+        return s, probe
+
+    return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)
+
+
+def _probe(model_path: str, task: str, s: Settings) -> dict[str, Any]:
+    """The few-shot linear probe of the frozen upstream model on `task`: each shot count over `probe_seeds` draws,
+    and "all" (the ridge fitted on every training image)."""
+    import numpy as np
+
+    from ..analysis.fewshot import extract_features, fewshot_evaluate, fit_ridge
+    from ..data import DataConfig, build_eval_data
+    from ..weights import load_model
+
+    model = load_model(model_path)
+    cfg = DataConfig.from_dict(task_data(task, s.quick, None))
+    size, chans = model.cfg.img_size, model.cfg.in_chans
+    train = build_eval_data(cfg, "train", img_size=size, in_chans=chans, batch_size=500)
+    test = build_eval_data(cfg, "test", img_size=size, in_chans=chans, batch_size=500)
+    tx, ty = extract_features(model, train)
+    ex, ey = extract_features(model, test)
+    if s.eval_samples is not None:
+        ex, ey = ex[: s.eval_samples], ey[: s.eval_samples]
+    k = _num_classes(task)
+    fewest = int(np.bincount(ty, minlength=k).min())
+    shots = [n for n in s.labels if n is not None and n <= fewest]
+    out: dict[str, Any] = {}
+    for r in fewshot_evaluate(tx, ty, ex, ey, shots=shots, seeds=s.probe_seeds, num_classes=k):
+        out[str(r.shots)] = {"mean": r.mean, "std": r.std}
+    clf = fit_ridge(tx, ty, k)
+    out["all"] = {"mean": float((clf.predict(ex) == ey).mean()), "std": 0.0}
+    return out
+
+
+def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False) -> dict[str, Any]:
+    exp_dir = out / NAME
+    s, probe = plan(exp_dir, quick, budget_min)
+    up = ensure_upstream(out, upstream_recipe(quick, s.upstream_steps, s.upstream_batch, s.upstream_warmup,
+                                              s.eval_samples), progress=progress)
+    vit = model_section("vit", quick)
+    runs: dict[str, dict[str, Any]] = {"upstream": up.to_dict()}
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for task in s.tasks:
+        table[task] = {}
+        probes = _probe(up.model, task, s)
+        for labels in s.labels:
+            data = task_data(task, quick, labels)
+            bs = _batch(s, task, labels)
+            name = _label_name(labels)
+            ft = run_or_resume(f"{task}-finetune-{name}", finetune_recipe(
+                vit, data, init=up.model, steps=s.steps, batch_size=bs, warmup=s.warmup, lr=s.finetune_lr,
+                drop_head=True, eval_samples=s.eval_samples), exp_dir / f"{task}-finetune-{name}", progress=progress)
+            sc = run_or_resume(f"{task}-scratch-{name}", pretrain_recipe(
+                vit, data, steps=s.steps, batch_size=bs, warmup=s.warmup, eval_samples=s.eval_samples),
+                exp_dir / f"{task}-scratch-{name}", progress=progress)
+            runs[ft.name], runs[sc.name] = ft.to_dict(), sc.to_dict()
+            table[task][name] = {"finetune": ft.top1, "scratch": sc.top1,
+                                 "probe": (probes.get(name) or {}).get("mean"),
+                                 "probe_std": (probes.get(name) or {}).get("std")}
+    return {"experiment": NAME, "settings": s.__dict__, "budget": probe, "runs": runs, "table": table,
+            "upstream": {"top1": up.top1, "steps": up.steps, "classes": "Fashion-MNIST 0-5"}}
+
+
+def claims(result: dict[str, Any]) -> list[Claim]:
+    out = []
+    for task, rows in result["table"].items():
+        names = list(rows)
+        wins = [n for n in names if rows[n]["finetune"] > rows[n]["scratch"]]
+        gaps = {n: rows[n]["finetune"] - rows[n]["scratch"] for n in names}
+        verdict = "yes" if len(wins) == len(names) else ("partly" if wins else "no")
+        out.append(Claim(
+            paper="Sec. 4.2 / Table 2: pre-training on a large dataset, then fine-tuning, beats training on the "
+                  "downstream task alone",
+            measured=f"{TASKS[task]}: fine-tuning beats scratch at {len(wins)} of {len(names)} label counts; "
+                     + ", ".join(f"{n}/class {100 * g:+.1f} pts" for n, g in gaps.items()),
+            verdict=verdict, numbers={"task": task, **{f"gap_{n}": g for n, g in gaps.items()}}))
+        probe_vs = {n: rows[n]["probe"] - rows[n]["scratch"] for n in names if rows[n]["probe"] is not None}
+        few = [n for n in probe_vs if n != "all" and int(n) <= 10]
+        if few:
+            better = [n for n in few if probe_vs[n] > 0]
+            out.append(Claim(
+                paper="Sec. 4.1: a linear few-shot probe on frozen pre-trained features is a useful measure of "
+                      "the representation (used where fine-tuning is too costly)",
+                measured=f"{TASKS[task]}: the frozen-feature probe beats training from scratch at "
+                         f"{len(better)} of {len(few)} label counts <= 10/class; "
+                         + ", ".join(f"{n}/class {100 * probe_vs[n]:+.1f} pts" for n in few),
+                verdict="yes" if len(better) == len(few) else ("partly" if better else "no"),
+                numbers={"task": task, **{f"probe_minus_scratch_{n}": probe_vs[n] for n in few}}))
+    return out
+
+
+def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
+    from .figures import bar_groups
+
+    tables, parts = [], []
+    s = result["settings"]
+    for task, rows in result["table"].items():
+        header = ["labels per class", "fine-tune (SGD, zero head)", "linear probe (frozen)", "scratch"]
+        body = [[n, pct(r["finetune"]), pct(r["probe"]), pct(r["scratch"])] for n, r in rows.items()]
+        tables.append((f"{TASKS[task]}: test top-1", header, body))
+        names = list(rows)
+        fig = bar_groups([f"{n}/class" for n in names],
+                         {"fine-tune": [rows[n]["finetune"] for n in names],
+                          "linear probe": [rows[n]["probe"] for n in names],
+                          "scratch": [rows[n]["scratch"] for n in names]},
+                         ylabel="test top-1 (%)", title=TASKS[task])
+        parts.append(Section(f"transfer_{task}", f"Transfer to {TASKS[task]} (Table 2 protocol)",
+                             f"Upstream: the ViT pre-trained on Fashion-MNIST classes 0-5 for "
+                             f"{result['upstream']['steps']} steps (upstream test top-1 "
+                             f"{pct(result['upstream']['top1'])}). Fine-tuning and scratch: {s['steps']} steps each "
+                             f"(batch up to {s['batch_size']}); the probe: ridge on frozen features, mean of "
+                             f"{s['probe_seeds']} draws.", png_bytes(fig), {"rows": rows}))
+    return tables, parts
+
+
+TITLE = "vitlab reproduce transfer: fine-tuning and few-shot probe vs scratch (Table 2 protocol)"

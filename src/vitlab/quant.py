@@ -1,0 +1,160 @@
+"""Static int8 through PyTorch 2 export quantisation (PT2E), lowered by Inductor to oneDNN int8 kernels (CPU).
+
+    qmodel, run = quantize_static(model, calib)   # calib: real images (N, C, H, W), prepared as for the model
+    logits = run(images)                          # (B, num_classes) fp32; compiled on the first call per batch size
+
+What happens:
+
+1. `torch.export` captures the model as an ATen graph, batch dimension dynamic.
+2. torchao's `X86InductorQuantizer` (the successor of `torch.ao.quantization.quantizer.x86_inductor_quantizer`,
+   which torch 2.14 no longer ships) annotates every Linear and Conv: weights int8 per output channel
+   (symmetric), activations uint8 per tensor (affine), ranges from a histogram observer run over the calibration
+   images (`prepare_pt2e`, then `convert_pt2e` puts quantise / dequantise pairs around each annotated op).
+3. `torch.compile` with Inductor's `freezing` turns each dequantise -> linear -> (GELU) pattern into one
+   `onednn::qlinear_pointwise` call on pre-packed int8 weights (u8 x s8 -> s32 with AVX512-VNNI here) and fuses
+   the fp32 elementwise work between GEMMs (residual add, LayerNorm, the next quantise) into generated C++ loops.
+
+What stays fp32: attention's QK^T / softmax / AV (`scaled_dot_product_attention`'s flash kernel for CPU), the
+LayerNorms and the residual stream. Quantising the attention matmuls was measured and is slower here: Inductor
+lowers a quantised `matmul` to dequantise + fp32 `bmm` (no int8 batched GEMM), and torchao's fused int8 SDPA
+(`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel (docs/speed.md, "Static int8").
+
+Needs torchao (`pip install 'vitlab[quant]'`) and a C++ compiler (Inductor), CPU only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._extras import require
+
+__all__ = ["DEFAULT_CALIB_IMAGES", "quantize_static", "calibration_tensor"]
+
+DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
+_CALIB_BATCH = 16  # images per calibration forward
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Hide what torchao and Inductor narrate on the way: torchao's import logs a pytree deprecation through
+    torch's logger, Inductor's oneDNN lowering warns about its own `torch.tensor(tensor)` copies."""
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"To copy construct from a tensor", category=UserWarning)
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torchao\.")
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchao\.")
+            yield
+    finally:
+        pytree_log.setLevel(level)
+
+
+def _torchao() -> tuple[Any, Any]:
+    """(quantize_pt2e module, x86_inductor_quantizer module) from torchao; MissingExtraError naming vitlab[quant]."""
+    with _quiet():
+        qpt2e = require("torchao.quantization.pt2e.quantize_pt2e", "quant", "static int8 (PT2E)")
+        x86 = require("torchao.quantization.pt2e.quantizer.x86_inductor_quantizer", "quant", "static int8 (PT2E)")
+    return qpt2e, x86
+
+
+def calibration_tensor(calib: Any, chw: tuple[int, int, int] | None, limit: int = DEFAULT_CALIB_IMAGES
+                       ) -> torch.Tensor:
+    """`calib` (a (N, C, H, W) tensor, or an iterable of such batches or of (images, labels) pairs) as one fp32
+    (n, C, H, W) CPU tensor of at most `limit` images, checked against the model's (C, H, W) (None: every batch
+    must match the first).
+
+    Raises:
+        ValueError: No calibration data, no images in it, or images of another shape or kind (the message says).
+    """
+    if calib is None:
+        raise ValueError("static int8 needs calibration images (calib=...): a few real images prepared as for the "
+                         "model, e.g. 32-128 of the training set")
+    batches = [calib] if isinstance(calib, torch.Tensor) else calib
+    out: list[torch.Tensor] = []
+    n = 0
+    for b in batches:
+        x = torch.as_tensor(b[0] if isinstance(b, tuple | list) else b)
+        if x.dim() == 3:
+            x = x[None]
+        if chw is None and x.dim() == 4:
+            chw = tuple(x.shape[1:])  # type: ignore[assignment]
+        if x.dim() != 4 or tuple(x.shape[1:]) != chw:
+            raise ValueError(f"calibration images have shape {tuple(x.shape)}; the model takes (N, C, H, W) with "
+                             f"(C, H, W) = {chw}")
+        if not x.is_floating_point():
+            raise ValueError(f"calibration images must be float images prepared for the model, got {x.dtype}")
+        out.append(x[: limit - n].detach().to("cpu", torch.float32))
+        n += len(out[-1])
+        if n >= limit:
+            break
+    if n == 0:
+        raise ValueError("the calibration data holds no images")
+    return torch.cat(out)  # (n, C, H, W)
+
+
+def input_chw(model: nn.Module) -> tuple[int, int, int] | None:
+    """The (C, H, W) a vitlab model takes, from its config (None for a model without one)."""
+    cfg = getattr(model, "cfg", None)
+    if cfg is None or not hasattr(cfg, "in_chans") or not hasattr(cfg, "img_size"):
+        return None
+    size = cfg.img_size
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    return int(cfg.in_chans), int(h), int(w)
+
+
+def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES
+                    ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+    """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
+
+    Args:
+        model: An fp32 classifier on the CPU taking (B, C, H, W) images (left unmodified).
+        calib: Real calibration images (see `calibration_tensor`), prepared as for the model.
+        calib_images: Use at most this many of them.
+
+    Returns:
+        (the quantised graph module, a function images -> fp32 logits that runs it compiled). The first call for
+        each batch size compiles (tens of seconds for ViT-B/16 on 2 cores).
+
+    Raises:
+        MissingExtraError: torchao is not installed (`vitlab[quant]`).
+        RuntimeError: The model is not on the CPU.
+        ValueError: Bad calibration images.
+    """
+    ref = next(model.parameters(), None)
+    if ref is not None and ref.device.type != "cpu":
+        raise RuntimeError(f"static int8 runs on the CPU only (the model is on {ref.device}); move it with .cpu()")
+    if ref is not None and ref.dtype != torch.float32:
+        raise ValueError(f"static int8 quantises an fp32 model; this one is {ref.dtype}")
+    if calib_images < 1:
+        raise ValueError(f"calib_images must be >= 1, got {calib_images}")
+    qpt2e, x86 = _torchao()
+    model = model.eval()
+    images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
+    example = images[:2] if len(images) >= 2 else images.expand(2, -1, -1, -1)  # (2, C, H, W): batch is not 1
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    with _quiet(), torch.no_grad():
+        graph = torch.export.export(model, (example,), dynamic_shapes=({0: batch},)).module()
+        quantizer = x86.X86InductorQuantizer().set_global(x86.get_default_x86_inductor_quantization_config())
+        prepared = qpt2e.prepare_pt2e(graph, quantizer)
+        for chunk in images.split(_CALIB_BATCH):
+            prepared(chunk)
+        qmodel = qpt2e.convert_pt2e(prepared)
+    compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        # freezing: weights become constants, packed once for oneDNN's int8 kernels. Passed as a config patch
+        # around the call, not as torch.compile(options=...), which fails to fake-run onednn.qconv_prepack.
+        with _quiet(), torch._inductor.config.patch(freezing=True):
+            return compiled(x.float())  # type: ignore[no-any-return]
+
+    return qmodel, run
+

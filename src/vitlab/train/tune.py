@@ -1,0 +1,54 @@
+"""`train.precision: auto` for a training run: the faster of fp32 and bf16 autocast for this model's own step.
+
+A copy of the model and a fresh optimizer of the run's kind take a few full steps (`train_step`: forward,
+backward, clipping, the update) on a random batch of the run's micro-batch shape, in each precision, interleaved;
+the run's model, optimizer, data stream and random numbers are untouched. The step is timed eager: the precision
+that wins eager also wins compiled on the shapes measured (docs/speed.md, "Training speed"), and compiling twice
+to find out would cost more than a short run. The answer is cached per machine and shape (`vitlab.autotune`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ..precision import choose_precision, model_signature, resolve_precision
+from .step import train_step
+
+
+def train_precision(model: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer],
+                    batch_shape: tuple[int, ...], num_classes: int, device: torch.device | str,
+                    precision: str = "auto", *, clip_grad_norm: float | None = None) -> str:
+    """`precision` itself unless "auto"; then the precision whose training step is faster here (measured once
+    per machine and shape, see `vitlab.precision.choose_precision`).
+
+    Args:
+        model: The model to train (copied for the measurement, not changed).
+        make_optimizer: Builds the run's optimizer for a model (called on the copy).
+        batch_shape: One micro-batch's input shape (B, C, H, W).
+        num_classes: The model's output classes (the random labels' range).
+        clip_grad_norm: As the run clips (its cost is part of the step).
+    """
+    device = torch.device(device)
+    if precision != "auto":
+        return resolve_precision(precision, device)  # checked, as it is
+    if len(batch_shape) < 2 or batch_shape[0] < 1 or num_classes < 1:
+        raise ValueError(f"train_precision: need a batch shape (B, C, ...) with B >= 1 and num_classes >= 1, got "
+                         f"{batch_shape} and {num_classes}")
+    with torch.random.fork_rng(devices=[]):  # dropout in the copy must not move the run's random numbers
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(batch_shape, generator=g).to(device)
+        y = torch.randint(num_classes, (batch_shape[0],), generator=g).to(device)
+        twin = copy.deepcopy(model)
+        opt = make_optimizer(twin)
+        lr = float(opt.param_groups[0]["lr"])
+
+        def step(p: str) -> None:
+            train_step(twin, opt, [(x, y)], lr=lr, device=device, precision=p, clip_grad_norm=clip_grad_norm)
+
+        fused = any(g.get("fused") for g in opt.param_groups)
+        key = f"{model_signature(model)} x{tuple(batch_shape)} {type(opt).__name__}{' fused' if fused else ''}"
+        return choose_precision("auto", device, kind="train-precision", shape_key=key, run=step, what="training step")

@@ -1,0 +1,141 @@
+"""vitlab.deploy: OpenVINO and ONNX Runtime modules compute our model's function (fp32: PyTorch's logits at batch
+sizes they were not built with), int8 graphs are really quantised and still agree with PyTorch on real images, and
+bad inputs are named. The reference throughout is the PyTorch model itself."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import vitlab
+from vitlab._extras import MissingExtraError
+from vitlab.optimize import OptimizedModel
+
+from .conftest import FMNIST_ROOT, perturb_
+
+ov = pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+pytest.importorskip("onnxruntime")
+
+from vitlab.deploy import (  # noqa: E402
+    calibration_batches,
+    compile_openvino,
+    onnx_file,
+    openvino_model,
+    ort_session,
+    to_onnxruntime,
+    to_openvino,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    m = vitlab.create_model("ViT-Ti/16", depth=2, img_size=28, patch_size=7, in_chans=1, num_classes=10)
+    return perturb_(m, scale=0.05).eval()
+
+
+@pytest.fixture(scope="module")
+def fmnist():
+    """(calibration images from the train split, test images): real Fashion-MNIST, as the model takes them."""
+    from vitlab.data import DataConfig, build_eval_data
+
+    if not os.path.isdir(FMNIST_ROOT):
+        pytest.skip("dataset-fashion-mnist not installed")
+    cfg = DataConfig(dataset="fashion_mnist", root=FMNIST_ROOT)
+    calib = next(iter(build_eval_data(cfg, "train", img_size=28, in_chans=1, batch_size=64)))[0]
+    test = next(iter(build_eval_data(cfg, "test", img_size=28, in_chans=1, batch_size=200)))[0]
+    return calib, test
+
+
+def _logits(model, x):
+    with torch.no_grad():
+        return model(x)
+
+
+@pytest.mark.parametrize("build", [to_openvino, to_onnxruntime], ids=["openvino", "onnxruntime"])
+def test_fp32_runtimes_compute_our_logits_at_any_batch(tiny, build):
+    fast = build(tiny, torch.randn(2, 1, 28, 28))
+    assert isinstance(fast, OptimizedModel) and fast.mode in ("openvino", "ort")
+    for b in (1, 5):  # built with batch 2: the batch dimension is dynamic
+        x = torch.randn(b, 1, 28, 28)
+        ref = _logits(tiny, x)
+        out = fast(x)
+        assert out.dtype == torch.float32 and out.shape == (b, 10)
+        assert ref.abs().max() > 0.1
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-4)
+    torch.testing.assert_close(fast(x.to(torch.bfloat16)), _logits(tiny, x.to(torch.bfloat16).float()), rtol=0,
+                               atol=1e-4)  # the fp32-in contract: any float images are taken as fp32
+    with pytest.raises(RuntimeError, match="inference only"):
+        fast.train()
+    with pytest.raises(ValueError, match=r"\(B, 1, 28, 28\)"):
+        fast(torch.randn(2, 3, 28, 28))
+
+
+def test_openvino_bf16_is_bf16(tiny):
+    graph = openvino_model(tiny, torch.randn(2, 1, 28, 28))
+    if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        with pytest.raises(ValueError, match="bf16"):
+            compile_openvino(graph, precision="bf16")
+        return
+    compiled = compile_openvino(graph, precision="bf16")
+    x = torch.randn(8, 1, 28, 28)
+    ref = _logits(tiny, x)
+    diff = np.abs(compiled(x.numpy())[0] - ref.numpy()).max()
+    assert 1e-5 < diff < 0.1 * ref.abs().max().item()  # bf16 rounding: not fp32, not another model
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
+def test_int8_runtimes_quantise_and_agree_on_real_images(tiny, fmnist, runtime, tmp_path):
+    calib, test = fmnist
+    example = test[:2]
+    if runtime == "openvino":
+        graph = openvino_model(tiny, example, int8=True, calib=calib)
+        assert "FakeQuantize" in {op.get_type_name() for op in graph.get_ops()}  # NNCF's int8 marks
+        compiled = compile_openvino(graph)
+        out = torch.from_numpy(compiled(test.numpy())[0])
+    else:
+        import onnx
+
+        path = onnx_file(tiny, example, tmp_path, int8=True, calib=calib)
+        kinds = {n.op_type for n in onnx.load(str(path)).graph.node}
+        assert {"QuantizeLinear", "DequantizeLinear"} <= kinds  # static QDQ: activations quantised too
+        out = torch.from_numpy(ort_session(path).run(["logits"], {"images": test.numpy()})[0])
+    ref = _logits(tiny, test)
+    agreement = (ref.argmax(1) == out.argmax(1)).float().mean().item()
+    diff = (out - ref).abs().max().item()
+    assert agreement >= 0.85, agreement  # another model would agree on ~1 in 10
+    assert diff > 1e-3  # int8 rounding shows: the graph is not fp32 in disguise
+
+
+def test_bad_inputs_are_named(tiny, monkeypatch):
+    x = torch.randn(2, 1, 28, 28)
+    with pytest.raises(ValueError, match="calibration images"):
+        to_openvino(tiny, x, int8=True)
+    with pytest.raises(ValueError, match=r"channel.*\(3, 28, 28\).*\(1, 28, 28\)"):
+        to_openvino(tiny, x, int8=True, calib=torch.randn(4, 3, 28, 28))
+    with pytest.raises(ValueError, match=r"shape \(1, 32, 32\)"):
+        to_onnxruntime(tiny, x, int8=True, calib=torch.randn(4, 1, 32, 32))
+    with pytest.raises(ValueError, match="float images"):
+        calibration_batches(torch.zeros(4, 1, 28, 28, dtype=torch.uint8), (1, 28, 28))
+    with pytest.raises(ValueError, match="no images"):
+        calibration_batches([], (1, 28, 28))
+    with pytest.raises(ValueError, match="in_chans=1"):
+        to_openvino(tiny, torch.randn(2, 3, 28, 28))
+    with pytest.raises(ValueError, match="unknown OpenVINO precision"):
+        to_openvino(tiny, x, precision="fp8")
+    with pytest.raises(ValueError, match="fp32 model"):
+        to_onnxruntime(vitlab.create_model("ViT-Ti/16", depth=1, img_size=28, patch_size=7, in_chans=1,
+                                           num_classes=10).to(torch.bfloat16), x)
+    monkeypatch.setitem(sys.modules, "openvino", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r"pip install 'vitlab\[openvino\]'"):
+        to_openvino(tiny, x)
+
+
+def test_calibration_takes_batches_and_pairs_up_to_the_limit():
+    data = [(torch.randn(3, 1, 8, 8), torch.zeros(3)), torch.randn(4, 1, 8, 8)]  # (images, labels) and bare
+    out = calibration_batches(data, (1, 8, 8), limit=5)
+    assert len(out) == 5 and all(a.shape == (1, 1, 8, 8) and a.dtype == np.float32 for a in out)
+    np.testing.assert_array_equal(out[3][0], data[1][0].numpy())

@@ -1,0 +1,159 @@
+"""Static int8 (vitlab.quant, mode "int8-static") and mode "auto" (vitlab.autoselect)."""
+
+import json
+
+import pytest
+import torch
+from torch.profiler import profile
+
+import vitlab
+from vitlab import autoselect, autotune
+from vitlab.optimize import optimize
+from vitlab.quant import calibration_tensor
+
+from .conftest import perturb_
+
+pytest.importorskip("torchao", reason="static int8 needs torchao (vitlab[quant])")
+
+
+def _tiny(depth: int = 2):
+    model = vitlab.create_model("ViT-Ti/16", depth=depth, img_size=32, patch_size=8, num_classes=10)
+    return perturb_(model, scale=0.05).eval()
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.slow  # one Inductor compile (~20-60 s on 2 busy cores)
+def test_static_int8_agrees_with_fp32_and_runs_int8_kernels():
+    model = _tiny()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calib = torch.randn(32, 3, 32, 32)
+    x = torch.randn(24, 3, 32, 32)  # not the calibration images
+    with torch.no_grad():
+        ref = model(x)
+    fast = optimize(model, "int8-static", calib=calib)
+    out = fast(x)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    err = _rel_err(out, ref)
+    # per-tensor uint8 activations and per-channel int8 weights: ~1/255 of each range per rounding, a few per cent
+    # on the logits of a random model (the same order as the dynamic path's error, measured in the same test)
+    dyn_err = _rel_err(optimize(model, "int8")(x), ref)
+    assert 0 < err <= max(0.1, 2 * dyn_err), f"static {err:.3e}, dynamic {dyn_err:.3e}"
+    assert (out.argmax(1) == ref.argmax(1)).float().mean() >= 0.8
+    with profile() as prof:
+        fast(x)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    # every Linear (qkv, proj, fc1, fc2 per block, and the head) ran as a oneDNN int8 GEMM, none in fp32
+    assert calls.get("onednn::qlinear_pointwise", 0) == 2 * 4 + 1, calls
+    assert calls.get("onednn::qconv_pointwise", 0) == 1  # the patch embedding
+    assert not {"aten::addmm", "aten::mm", "aten::linear"} & set(calls)
+    assert torch.equal(fast(x[:1]), fast(x[:1]))  # another batch size: recompiled, deterministic
+    for k, v in model.state_dict().items():  # the original model is untouched
+        assert torch.equal(v, before[k])
+
+
+def test_static_int8_errors_are_named():
+    model = _tiny(depth=1)
+    with pytest.raises(ValueError, match="needs calibration images"):
+        optimize(model, "int8-static")
+    with pytest.raises(ValueError, match=r"shape \(4, 1, 32, 32\).*\(3, 32, 32\)"):
+        optimize(model, "int8-static", calib=torch.randn(4, 1, 32, 32))
+    with pytest.raises(ValueError, match="float images"):
+        optimize(model, "int8-static", calib=torch.zeros(4, 3, 32, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="no images"):
+        optimize(model, "int8-static", calib=[])
+    with pytest.raises(ValueError, match="an fp32 model"):
+        from vitlab.quant import quantize_static
+
+        quantize_static(model.to(torch.bfloat16), torch.randn(2, 3, 32, 32))
+
+
+def test_calibration_tensor_takes_batches_and_pairs_and_stops_at_the_limit():
+    batches = [(torch.full((3, 3, 8, 8), float(i)), torch.zeros(3)) for i in range(5)]
+    got = calibration_tensor(iter(batches), (3, 8, 8), limit=7)
+    assert got.shape == (7, 3, 8, 8)
+    assert got[:, 0, 0, 0].tolist() == [0, 0, 0, 1, 1, 1, 2]
+    assert calibration_tensor(torch.randn(3, 8, 8), None).shape == (1, 3, 8, 8)  # one image
+    with pytest.raises(ValueError, match="shape"):
+        calibration_tensor([torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 9)], None)
+
+
+# -- mode "auto" ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_AUTOTUNE", "on")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    return tmp_path / autotune.CACHE_NAME
+
+
+def test_auto_measures_once_then_reads_the_cache(tuned, monkeypatch):
+    model, calib = _tiny(), torch.randn(16, 3, 32, 32)
+    built = []
+    real = autoselect.optimize
+    monkeypatch.setattr(autoselect, "optimize", lambda m, mode, **kw: built.append(mode) or real(m, mode, **kw))
+    fast = optimize(model, "auto", calib=calib, candidates=("fp32", "bf16", "int8"))
+    assert built == ["fp32", "bf16", "int8"]  # each candidate built and timed once
+    data = json.loads(tuned.read_text())
+    entry = data[autotune.machine_key()][autoselect.KIND][autoselect.shape_key(model, calib[:8])]
+    times = entry["timings"]
+    eligible = {m: t for m, t in times.items() if t is not None}
+    assert fast.mode == entry["winner"] == min(eligible, key=eligible.__getitem__)
+    assert "fp32" in eligible  # agrees with itself
+    with torch.no_grad():
+        ref = model(calib)
+    # the winner passed the agreement check on the calibration images
+    assert (fast(calib).argmax(1) == ref.argmax(1)).float().mean() >= autoselect.MIN_AGREEMENT
+    built.clear()
+    again = optimize(model, "auto", calib=calib, candidates=("fp32", "bf16", "int8"))
+    assert built == [fast.mode] and again.mode == fast.mode  # from the cache: only the winner is built
+
+
+def test_auto_drops_a_mode_that_changes_answers(tuned, monkeypatch):
+    model, calib = _tiny(), torch.randn(8, 3, 32, 32)
+    real = autoselect.agreement
+    # int8 "disagrees" on this model: it must be stored as not eligible and never chosen, however fast
+    monkeypatch.setattr(autoselect, "agreement", lambda fast, *a: 0.5 if fast.mode == "int8" else real(fast, *a))
+    fast = optimize(model, "auto", calib=calib, candidates=("int8", "fp32"))
+    assert fast.mode == "fp32"
+    assert autotune.timings(autoselect.KIND, autoselect.shape_key(model, calib))["int8"] is None
+
+
+def test_auto_rechecks_a_cached_winner_on_new_weights(tuned, monkeypatch):
+    model, calib = _tiny(), torch.randn(8, 3, 32, 32)
+    key = autoselect.shape_key(model, calib)
+    autotune.cached_choice(autoselect.KIND, key, ["fp32", "bf16", "int8"], {"fp32": 3.0, "bf16": 2.0, "int8": 1.0}.get)
+    real = autoselect.agreement
+    monkeypatch.setattr(autoselect, "agreement", lambda fast, *a: 0.0 if fast.mode == "int8" else real(fast, *a))
+    with torch.no_grad():
+        ref = model(calib)
+    fast = optimize(model, "auto", calib=calib, candidates=("fp32", "bf16", "int8"))
+    # int8 is the stored winner but fails here: the next fastest stored one that agrees (bf16 or else fp32)
+    assert fast.mode in ("bf16", "fp32")
+    if fast.mode == "bf16":
+        assert (fast(calib).argmax(1) == ref.argmax(1)).float().mean() >= autoselect.MIN_AGREEMENT
+
+
+def test_auto_errors_are_named():
+    model = _tiny(depth=1)
+    with pytest.raises(ValueError, match="needs calibration images"):
+        optimize(model, "auto")
+    with pytest.raises(ValueError, match="auto candidates"):
+        optimize(model, "auto", calib=torch.randn(2, 3, 32, 32), candidates=("fp32", "turbo"))
+    with pytest.raises(ValueError, match="candidates= is for mode 'auto'"):
+        optimize(model, "int8", candidates=("fp32",))
+    with pytest.raises(ValueError, match="example must be images"):
+        optimize(model, "auto", calib=torch.randn(2, 3, 32, 32), example=torch.randn(2, 3, 16, 16))
+
+
+def test_auto_with_autotune_off_takes_the_first_candidate_that_agrees():
+    model, calib = _tiny(depth=1), torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(calib)
+    bf16_agrees = autoselect.agreement(optimize(model, "bf16"), ref, calib, 4) >= autoselect.MIN_AGREEMENT
+    fast = optimize(model, "auto", calib=calib, candidates=("bf16", "fp32"))
+    # conftest switches autotune off: no timing, the first candidate, unless it changes answers here
+    assert fast.mode == ("bf16" if bf16_agrees else "fp32")

@@ -1,0 +1,212 @@
+"""`vitlab reproduce`: the four experiments' quick settings end to end through the CLI (the report's numbers are the
+sub-runs' own report.json numbers, finished sub-runs are skipped, unfinished ones resumed), the budget arithmetic,
+the plan and recipe guards, and the two measures `inside` defines, against closed forms."""
+
+import base64
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+
+from vitlab.cli import main
+from vitlab.paper import budget, data_scale
+from vitlab.paper.inside import low_frequency_share, rollout_on_object
+from vitlab.paper.recipes import data_section, model_section, pretrain_recipe
+from vitlab.paper.subrun import run_or_resume
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _reproduce(experiment: str, out) -> dict:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["reproduce", experiment, "-o", str(out), "--quick", "--threads", "1", "--no-progress"]) == 0
+    printed = buf.getvalue()
+    page = out / experiment / "report" / "report.html"
+    assert f"report: {page}" in printed
+    result = json.loads((page.parent / "result.json").read_text())
+    html = page.read_text()
+    # every figure: a PNG file, the same bytes inlined in the page, its numbers as JSON
+    pngs = sorted(page.parent.glob("*.png"))
+    assert pngs
+    for png in pngs:
+        data = png.read_bytes()
+        assert data.startswith(PNG_MAGIC)
+        assert base64.b64encode(data).decode() in html
+        json.loads(png.with_suffix(".json").read_text())
+    assert result["claims"] and all(c["verdict"] in ("yes", "no", "partly") for c in result["claims"])
+    for c in result["claims"]:
+        assert f"[{c['verdict']:>6}] {c['measured']}" in printed
+    assert "NaN" not in (page.parent / "result.json").read_text()
+    return result
+
+
+def _run_report(run_dir) -> dict:
+    return json.loads((run_dir / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def quick_root(tmp_path_factory):
+    """The four experiments' quick settings run once, in order, in one OUT: (OUT, {experiment: result.json})."""
+    out = tmp_path_factory.mktemp("paper")
+    return out, {name: _reproduce(name, out) for name in ("data-scale", "transfer", "resolution", "inside")}
+
+
+@pytest.mark.slow
+def test_quick_experiments_end_to_end_and_resume(quick_root):
+    out, results = quick_root
+    ds = results["data-scale"]
+    s = ds["settings"]
+    assert set(ds["runs"]) == {f"{k}-{n}" for k in s["models"] for n in s["sizes"]}
+    for name, r in ds["runs"].items():
+        rep = _run_report(out / "data-scale" / name)
+        assert r["top1"] == rep["final"]["top1"] and r["fewshot"] == rep["evaluators"]["fewshot"]["5shot"]
+        assert rep["step"] == s["steps"] and rep["images_seen"] == s["steps"] * s["batch_size"]  # same compute
+        assert rep["bad_data"]["train"]["num_skipped"] == 0
+        assert r["status"] == "trained"
+    # the page shows the table's numbers
+    html = (out / "data-scale" / "report" / "report.html").read_text()
+    assert f"{100 * ds['runs']['bit-100']['top1']:.1f}%" in html
+
+    tr = results["transfer"]
+    for task, rows in tr["table"].items():
+        assert set(rows) == {"1", "all"}
+        rep = _run_report(out / "transfer" / f"{task}-finetune-1")
+        assert rows["1"]["finetune"] == rep["final"]["top1"]
+        classes = 4 if task == "fmnist-heldout" else 10
+        assert rep["images_seen"] == tr["settings"]["steps"] * min(tr["settings"]["batch_size"], classes)
+        assert 0.0 <= rows["all"]["probe"] <= 1.0
+    up = _run_report(out / "upstream")
+    assert tr["upstream"]["top1"] == up["final"]["top1"]
+
+    rs = results["resolution"]
+    assert rs["runs"]["upstream"]["status"] == "done"  # transfer's pre-training, read back, not retrained
+    rep = _run_report(out / "resolution" / "finetune-40px-bicubic")
+    assert rs["table"]["40"]["bicubic"]["finetune"] == rep["final"]["top1"]
+
+    ins = results["inside"]
+    assert ins["best"] == max((n for n in ds["runs"] if n.startswith("vit-")), key=lambda n: ds["runs"][n]["top1"])
+    assert not ins["runs"]  # the data-scale ViTs were analysed; nothing trained
+    assert (out / "inside" / "report" / "attention_distance.png").is_file()
+
+    # again: every sub-run is read back (status "done"), no weights rewritten
+    stamp = {p: p.stat().st_mtime_ns for p in (out / "data-scale").glob("*/model.safetensors")}
+    again = _reproduce("data-scale", out)
+    assert {r["status"] for r in again["runs"].values()} == {"done"}
+    assert stamp == {p: p.stat().st_mtime_ns for p in (out / "data-scale").glob("*/model.safetensors")}
+    assert again["runs"] == {k: {**v, "status": "done"} for k, v in ds["runs"].items()}
+
+
+@pytest.mark.slow
+def test_the_reports_read_in_a_browser(quick_root):
+    from .browser import Browser, assert_page_reads, require_browser
+
+    require_browser()
+    out, results = quick_root
+    browser = Browser()
+    try:
+        for name, result in results.items():
+            view = browser.view(out / name / "report" / "report.html")
+            claims = [c["measured"] for c in result["claims"]]
+            assert_page_reads(view, numbers=claims, min_images=len(list((out / name / "report").glob("*.png"))))
+    finally:
+        browser.close()
+
+
+def _tiny_recipe(steps: int):
+    return pretrain_recipe(model_section("vit", True), data_section(True), steps=steps, batch_size=16, warmup=1)
+
+
+def test_an_interrupted_subrun_resumes_from_its_checkpoint(tmp_path):
+    from vitlab.train import train
+
+    recipe = _tiny_recipe(4)  # checkpoints every steps // 4 = 1 step
+    run_dir = tmp_path / "vit"
+
+    def stop_at_2(step, _):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop saves and stops, as on a real SIGTERM
+
+    first = train(recipe, run_dir, progress=False, on_step=stop_at_2)
+    assert first.status.startswith("interrupted") and first.step == 2
+    r = run_or_resume("vit", recipe, run_dir)
+    assert r.status == "resumed" and r.steps == 4
+    assert re.search(r"step_0+2", _run_report(run_dir)["resumed_from"])
+    assert run_or_resume("vit", recipe, run_dir).status == "done"
+
+
+def test_a_subrun_of_another_recipe_is_refused(tmp_path):
+    run_or_resume("vit", _tiny_recipe(2), tmp_path / "vit")
+    with pytest.raises(ValueError, match=r"train.steps: 2 -> 3"):
+        run_or_resume("vit", _tiny_recipe(3), tmp_path / "vit")
+
+
+def test_a_plan_made_with_other_options_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(budget, "step_seconds", lambda model, bs, k=10: 0.5)
+    data_scale.plan(tmp_path / "data-scale", True, None)
+    with pytest.raises(ValueError, match=r"made with --quick no --budget; run it with the same options"):
+        data_scale.plan(tmp_path / "data-scale", True, 3.0)
+    s, _ = data_scale.plan(tmp_path / "data-scale", True, None)  # the same options: the saved plan
+    assert s.steps == data_scale.Settings.for_run(True).steps
+
+
+def test_budget_scales_every_step_count_by_one_factor(tmp_path, monkeypatch):
+    per_step = {"ViT-Ti/16": 0.2, "BiT-R14x1": 0.05}
+    monkeypatch.setattr(budget, "step_seconds",
+                        lambda model, bs, k=10: per_step[model["name"]] + 0.1 * ("hybrid_layers" in model))
+    s0 = data_scale.Settings.for_run(True)
+    # closed form: vit 0.2 s, hybrid 0.3 s, bit 0.05 s per step, each at every size
+    predicted = s0.steps * len(s0.sizes) * (0.2 + 0.3 + 0.05)
+    s, probe = data_scale.plan(tmp_path / "ds", True, 1.0)
+    assert probe["predicted_min_at_factor_1"] == pytest.approx(predicted / 60)
+    assert probe["factor"] == pytest.approx(60 / predicted)
+    assert s.steps == round(s0.steps * 60 / predicted)
+    saved = json.loads((tmp_path / "ds" / "plan.json").read_text())
+    assert saved["settings"]["steps"] == s.steps and saved["options"]["budget_min"] == 1.0
+    with pytest.raises(ValueError, match="--budget must be a positive number"):
+        budget.budget_factor([], 0)
+
+
+def test_low_frequency_share_closed_forms():
+    p = 4
+    flat = np.ones((1, 1, p, p))  # all energy at DC
+    checker = np.indices((p, p)).sum(0) % 2 * 2.0 - 1  # all energy at the Nyquist frequency (2, 2)
+    assert low_frequency_share(flat) == pytest.approx(1.0)
+    assert low_frequency_share(checker[None, None]) == pytest.approx(0.0)
+    # a delta has a flat spectrum: the share is the fraction of low bins, 3 x 3 of 4 x 4
+    delta = np.zeros((1, 1, p, p))
+    delta[0, 0, 1, 2] = 1
+    assert low_frequency_share(delta) == pytest.approx(9 / 16)
+    with pytest.raises(ValueError, match=r"\(K, C, P, P\)"):
+        low_frequency_share(np.ones((p, p)))
+
+
+def test_rollout_on_object_closed_forms():
+    display = np.zeros((1, 8, 8, 1))
+    display[0, :4, :4] = 1.0  # the object: the top-left quarter (one of 2x2 patches)
+    uniform = np.ones((1, 2, 2))
+    r = rollout_on_object(display, uniform)
+    assert r["object_area_share"] == pytest.approx(0.25) and r["ratio"] == pytest.approx(1.0)
+    on_object = np.array([[[3.0, 1.0], [0.0, 0.0]]])
+    r = rollout_on_object(display, on_object)
+    assert r["rollout_mass_on_object"] == pytest.approx(0.75) and r["ratio"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["reproduce", "everything"], "invalid choice: 'everything'"),
+    (["reproduce", "inside", "--budget", "0"], "--budget must be a positive number of minutes"),
+    (["reproduce", "inside", "--threads", "0"], "--threads"),
+])
+def test_bad_command_lines_are_usage_errors(argv, message, capsys, tmp_path):
+    try:
+        code = main([*argv, "-o", str(tmp_path)])
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before any work
