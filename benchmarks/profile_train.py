@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/profile_train.py --only vit_s16 --batch 32 -o ...
 
 Workloads: ViT-S/16 at 224 px (1000 classes) and the Fashion-MNIST recipes (fmnist_hybrid.yaml and the demo's
-fmnist_pretrain.yaml); each one's full `train_step` (forward, backward, clipping, fused AdamW) on a fixed random
+demo_pretrain.yaml); each one's full `train_step` (forward, backward, clipping, fused AdamW) on a fixed random
 batch, eager (what the profiler can name op by op), top operators by self CPU time. Times under load are longer
 than idle ones; the shares of each operator are what to read.
 """
@@ -34,7 +34,9 @@ def workloads(batch: int | None) -> dict[str, tuple[Recipe, int]]:
                               "optim": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.05, "clip_grad_norm": 1.0},
                               "train": {"batch_size": batch or 32, "steps": 1}})
     out = {"vit_s16": (vit_s, 1000)}
-    for name in ("fmnist_hybrid", "fmnist_pretrain"):
+    for name in ("fmnist_hybrid", "demo_pretrain"):
+        if not (ROOT / "configs" / f"{name}.yaml").exists():
+            continue
         over = [f"train.batch_size={batch}"] if batch else []
         out[name] = (load_recipe(ROOT / "configs" / f"{name}.yaml", over), 10)
     return out
@@ -65,7 +67,7 @@ def profile_step(recipe: Recipe, classes: int, precision: str, reps: int) -> str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="+", default=None, help="vit_s16, fmnist_hybrid, fmnist_pretrain")
+    p.add_argument("--only", nargs="+", default=None, help="vit_s16, fmnist_hybrid, demo_pretrain")
     p.add_argument("--batch", type=int, default=None, help="batch size (default: each recipe's; ViT-S/16: 32)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--reps", type=int, default=2)

@@ -111,10 +111,11 @@ def test_installed_wheel_runs_the_demo(installed, tmp_path):
     """The shipped recipes from the installed package, 2 steps each, on the synthetic data set (~20 s)."""
     out = tmp_path / "demo"
     _run([installed / "bin" / "vitlab", "demo", "-o", out, "--no-progress", "--threads", "1", "--set",
-          "train.steps=2", "train.batch_size=32", "data.dataset=synthetic", "data.num_samples=1200"], cwd=tmp_path)
+          "train.steps=2", "train.time_budget_min=null", "train.batch_size=32", "data.dataset=synthetic",
+          "data.num_samples=1200"], cwd=tmp_path)
     summary = json.loads((out / "demo.json").read_text())
     assert summary["pretrain"]["steps"] == 2 and summary["finetune"]["steps"] == 2
-    assert (out / "report.md").is_file() and (out / "finetune" / "model.safetensors").is_file()
+    assert (out / "report.html").is_file() and (out / "finetune" / "model.safetensors").is_file()
 
 
 # -- extras ---------------------------------------------------------------------------------------------

@@ -184,8 +184,8 @@ def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
 
     out = tmp_path / "demo"
     sets = []
-    for s in ["train.steps=2", "train.eval_every=1", "train.eval_max_samples=30", "model.depth=1",
-              "data.dataset=synthetic", "data.num_samples=600", "train.batch_size=32"]:
+    for s in ["train.steps=2", "train.time_budget_min=null", "train.eval_every=1", "train.eval_max_samples=30",
+              "model.depth=1", "data.dataset=synthetic", "data.num_samples=600", "train.batch_size=32"]:
         sets += ["--set", s]
     assert main(["demo", "-o", str(out), "--no-progress", *sets]) == 0
     printed = capsys.readouterr().out

@@ -24,7 +24,7 @@ from ._extras import MissingExtraError
 from .optimize import MODES, OptimizedModel, example_batch, optimize
 from .quant import calibration_tensor, input_chw
 
-__all__ = ["KIND", "MIN_AGREEMENT", "auto_candidates", "agreement", "select_mode", "shape_key"]
+__all__ = ["KIND", "MIN_AGREEMENT", "agreement", "auto_candidates", "select_mode", "shape_key"]
 
 log = logging.getLogger("vitlab.optimize")
 
@@ -133,9 +133,9 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
         return best[winner]
     # cached (or autotune off): build it, and check agreement for this model's weights; fall back in time order
     stored = autotune.timings(KIND, key, device=device)
-    order = [winner] + sorted((c for c in cands if c != winner and stored.get(c) is not None),
-                              key=lambda c: stored[c] or 0.0)
-    for mode in order + (["fp32"] if "fp32" not in order else []):
+    faster = sorted((c for c in cands if c != winner and stored.get(c) is not None), key=lambda c: stored[c] or 0.0)
+    order = [winner, *faster]
+    for mode in [*order, *(["fp32"] if "fp32" not in order else [])]:
         fast = build(mode)
         if fast is not None:
             return fast

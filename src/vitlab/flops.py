@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import ViTConfig, to_hw
 from . import resnet
+from .config import ViTConfig, to_hw
 from .hybrid import backbone_channels, backbone_macs
 from .resnet import ResNetConfig
 

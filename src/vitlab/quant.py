@@ -35,7 +35,7 @@ from torch import nn
 
 from ._extras import require
 
-__all__ = ["DEFAULT_CALIB_IMAGES", "quantize_static", "calibration_tensor"]
+__all__ = ["DEFAULT_CALIB_IMAGES", "calibration_tensor", "input_chw", "quantize_static"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
@@ -136,9 +136,9 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         raise ValueError(f"static int8 quantises an fp32 model; this one is {ref.dtype}")
     if calib_images < 1:
         raise ValueError(f"calib_images must be >= 1, got {calib_images}")
+    images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
     qpt2e, x86 = _torchao()
     model = model.eval()
-    images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
     example = images[:2] if len(images) >= 2 else images.expand(2, -1, -1, -1)  # (2, C, H, W): batch is not 1
     batch = torch.export.Dim("batch", min=1, max=4096)
     with _quiet(), torch.no_grad():
@@ -148,6 +148,8 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         for chunk in images.split(_CALIB_BATCH):
             prepared(chunk)
         qmodel = qpt2e.convert_pt2e(prepared)
+        pt2e = require("torchao.quantization.pt2e", "quant", "static int8 (PT2E)")
+        pt2e.allow_exported_model_train_eval(qmodel)  # .eval() on it (OptimizedModel does) is then allowed
     compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size
 
     def run(x: torch.Tensor) -> torch.Tensor:

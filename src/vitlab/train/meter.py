@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import ViTConfig
-from ..resnet import ResNetConfig
 from ..flops import count_flops
+from ..resnet import ResNetConfig
 
 
 @functools.cache

@@ -24,8 +24,9 @@ from .._extras import needs
 from ..config import to_hw
 from ..evaluate import EvalResult, Result, evaluate
 from ..io import write_atomic, writing
-from ..model import VisionTransformer
+from ..model import VisionTransformer, create_model
 from ..precision import resolve_precision
+from ..resnet import ResNetV2
 from . import checkpoint as ckpt
 from .build import build_model, data_config_with_init, trained_preprocess
 from .distributed import (
@@ -391,15 +392,15 @@ class Run:
         logger.info("step %d/%d: loss %.4f, lr %.2e, %.0f images/s, MFU %.1f%%, ETA %s", s.step, self.total_steps,
                     result.loss, self.lr, speed.images_per_s, 100 * speed.mfu, eta)
 
-    def eval_model(self) -> VisionTransformer:
+    def eval_model(self) -> VisionTransformer | ResNetV2:
         """A plain module with the current weights (the EMA's if on); FSDP gathers the full state (every rank)."""
         if self.ema is not None:
-            return cast(VisionTransformer, self.ema.module)
+            return cast(VisionTransformer | ResNetV2, self.ema.module)
         if self.info.distributed and self.tr.parallel == "fsdp":
             sd = full_state_dict(self.net, self.info)  # collective; with cpu_offload only rank 0 gets the tensors
             if not self.info.is_main:
                 return self.model
-            plain = type(self.model)(self.model.cfg)
+            plain = create_model(self.model.cfg)
             plain.load_state_dict(sd)
             return plain.to(self.info.device)
         return self.model
@@ -449,7 +450,7 @@ class Run:
             return
         plain = self.model
         if sd is not None:
-            plain = type(self.model)(self.model.cfg)
+            plain = create_model(self.model.cfg)
             plain.load_state_dict(sd)
         train_state = {"optimizer": opt_sd, "run": state.__dict__, "data": data_states, "rng": rngs,
                        "ema": self.ema.state_dict() if self.ema is not None else None, "world_size": info.world_size}
@@ -459,7 +460,7 @@ class Run:
         ckpt.save_checkpoint(self.ckpt_dir, step, lambda p: self._save_weights(p, plain, {"step": step}),
                              train_state, tr.keep_checkpoints)
 
-    def _save_weights(self, path: Path, model: VisionTransformer, extra: dict[str, Any]) -> None:
+    def _save_weights(self, path: Path, model: VisionTransformer | ResNetV2, extra: dict[str, Any]) -> None:
         from ..weights import save_weights
 
         if self.trained_pre is not None:

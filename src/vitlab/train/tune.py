@@ -2,9 +2,10 @@
 
 A copy of the model and a fresh optimizer of the run's kind take a few full steps (`train_step`: forward,
 backward, clipping, the update) on a random batch of the run's micro-batch shape, in each precision, interleaved;
-the run's model, optimizer, data stream and random numbers are untouched. The step is timed eager: the precision
-that wins eager also wins compiled on the shapes measured (docs/speed.md, "Training speed"), and compiling twice
-to find out would cost more than a short run. The answer is cached per machine and shape (`vitlab.autotune`).
+the run's model, optimizer, data stream and random numbers are untouched. The step is timed eager, as a proxy for
+the compiled one: compiling the step twice (once per precision) would cost more than a short run does in all
+(~45 s each for the Fashion-MNIST hybrid on 2 cores). The answer is cached per machine and shape
+(`vitlab.autotune`), so the measuring (a few seconds to a minute, once) is paid by the first run only.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ log = logging.getLogger("vitlab.weights")
 
 
 def load_weights(
-    model: VisionTransformer,
+    model: VisionTransformer | ResNetV2,
     path: str | Path,
     *,
     pos_embed_resize: str | None = None,
@@ -66,15 +66,18 @@ def load_weights(
         raise ValueError(f"pos_embed_resize must be one of {RESIZE_MODES}, got {pos_embed_resize!r}")
     resolved = hub.resolve(path)
     ckpt = read_checkpoint(resolved.path)
+    if bit.matches_state(ckpt.state) != isinstance(model, ResNetV2):  # a ResNet's file for a ViT, or the reverse
+        kinds = ("a BiT ResNet", "a ViT") if isinstance(model, VisionTransformer) else ("a ViT", "a BiT ResNet")
+        raise WeightsError(f"{ckpt.source} holds {kinds[0]}'s weights but the model is {kinds[1]}: build the model "
+                           "the checkpoint describes (vitlab.load_model(path))")
     if checkpoint_grid is not None:
         gh, gw = checkpoint_grid
         ckpt.grid = (gh, gw)
     report = _apply(model, ckpt, LoadReport(str(ckpt.source), ckpt.format), pos_embed_resize, strict)
+    eps = ckpt.known.get("hybrid_eps")
     if isinstance(model, ResNetV2):
         bit.adopt_eps(model, ckpt, report)  # the BiT ResNet's numerics follow the weights' source too
-    eps = ckpt.known.get("hybrid_eps")
-    backbone = model.patch_embed.backbone if isinstance(model, VisionTransformer) else None  # the hybrid's ResNet
-    if eps is not None and backbone is not None and eps != model.cfg.hybrid_eps:
+    elif eps is not None and (backbone := model.patch_embed.backbone) is not None and eps != model.cfg.hybrid_eps:
         # the ResNet's numerics follow the weights' source (docs/weights.md, "Hybrid numerics")
         set_eps(backbone, eps)
         report.messages.append(f"hybrid_eps: {model.cfg.hybrid_eps!r} -> {eps!r}, the epsilons of the weights' source")
@@ -85,7 +88,7 @@ def load_weights(
     return report
 
 
-def _apply(model: VisionTransformer, ckpt: Checkpoint, report: LoadReport, resize: str | None,
+def _apply(model: VisionTransformer | ResNetV2, ckpt: Checkpoint, report: LoadReport, resize: str | None,
            strict: bool, assign: bool = False) -> LoadReport:
     apply_state_dict(model, ckpt.state, report, src_grid=ckpt.grid, resize=resize or ckpt.default_resize,
                      strict=strict, assign=assign)
@@ -95,7 +98,7 @@ def _apply(model: VisionTransformer, ckpt: Checkpoint, report: LoadReport, resiz
 
 
 def save_weights(
-    model: VisionTransformer,
+    model: VisionTransformer | ResNetV2,
     path: str | Path,
     metadata: dict[str, Any] | None = None,
     *,
@@ -128,9 +131,9 @@ def save_weights(
     if path.suffix == ".safetensors":
         return ours.save_safetensors(state, path, model.cfg, metadata, overwrite,
                                      preprocess=getattr(model, "preprocess", None))
-    if path.suffix == ".npz" and isinstance(model.cfg, ResNetConfig):  # Google's BiT layout
-        return npz.save_npz(bit.to_npz(state), path, overwrite)
     if path.suffix == ".npz":
+        if isinstance(model, ResNetV2):  # Google's BiT layout
+            return npz.save_npz(bit.to_npz(state), path, overwrite)
         arrays, notes = npz.from_ours(state, model.cfg)
         for note in notes:
             log.info("%s: %s", path, note)
@@ -331,8 +334,9 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return read_checkpoint(path).meta
 
 
-def read_config(path: str | Path) -> ViTConfig:
-    """The ViTConfig of a checkpoint: stored, from its config.json, or inferred from its tensor shapes (with a
+def read_config(path: str | Path) -> ViTConfig | ResNetConfig:
+    """The config (ViTConfig, or a BiT ResNet's ResNetConfig) of a checkpoint: stored, from its config.json, or
+    inferred from its tensor shapes (with a
     registry entry's config overrides when `path` names one; any name `vitlab.weights.hub.resolve` takes)."""
     resolved = hub.resolve(path)
     over = hub.entry_overrides(resolved.entry)

@@ -18,7 +18,7 @@ _STACKLEVEL = 5
 
 
 def apply_state_dict(
-    model: VisionTransformer,
+    model: VisionTransformer | ResNetV2,
     state: dict[str, torch.Tensor],
     report: LoadReport,
     *,
@@ -50,7 +50,7 @@ def apply_state_dict(
     _fit_head(model, state, target, report, pre_dropped)
     updates: dict[str, torch.Tensor] = {}
     if "pos_embed" in state and "pos_embed" in target:
-        updates["pos_embed"] = _fit_pos_embed(model, state["pos_embed"], target["pos_embed"], report,
+        updates["pos_embed"] = _fit_pos_embed(cast(VisionTransformer, model), state["pos_embed"], target["pos_embed"], report,
                                               src_grid=src_grid, resize=resize)
     _match_rest(model, state, target, updates, report)
     if strict:
@@ -77,7 +77,7 @@ def _drop_pre_logits(state: dict[str, torch.Tensor], target: dict[str, torch.Ten
     return pre_dropped
 
 
-def _fit_head(model: VisionTransformer, state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
+def _fit_head(model: VisionTransformer | ResNetV2, state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
               report: LoadReport, pre_dropped: bool) -> None:
     """The classifier head: dropped (the model has none), replaced by a zero one (other class count, or it sat
     on dropped pre-logits), or kept (with a note when it is all zeros)."""
@@ -102,7 +102,7 @@ def _fit_head(model: VisionTransformer, state: dict[str, torch.Tensor], target: 
         report.messages.append("the checkpoint has no head; the model's head is zero-initialised")
 
 
-def _replace_head(model: VisionTransformer, state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
+def _replace_head(model: VisionTransformer | ResNetV2, state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
                   report: LoadReport, pre_dropped: bool) -> None:
     # A head trained on the pre-logits' outputs is meaningless without them, even when shapes agree
     # (ImageNet-21k B/16: representation 768 = width 768).
@@ -152,7 +152,7 @@ def _fit_pos_embed(model: VisionTransformer, given: torch.Tensor, dst: torch.Ten
     return resample_pos_embed(src.float(), model.grid_size, grid, prefix, resize)
 
 
-def _match_rest(model: VisionTransformer, state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
+def _match_rest(model: VisionTransformer | ResNetV2, state: dict[str, torch.Tensor], target: dict[str, torch.Tensor],
                 updates: dict[str, torch.Tensor], report: LoadReport) -> None:
     """Everything else must match exactly: add it to `updates`; record missing and unexpected names."""
     for name, dst in target.items():
@@ -187,7 +187,7 @@ def _refuse_misfit(report: LoadReport) -> None:
     )
 
 
-def _copy_into(model: VisionTransformer, updates: dict[str, torch.Tensor], target: dict[str, torch.Tensor], *,
+def _copy_into(model: VisionTransformer | ResNetV2, updates: dict[str, torch.Tensor], target: dict[str, torch.Tensor], *,
                assign: bool) -> None:
     with torch.no_grad():
         if assign:

@@ -149,13 +149,13 @@ def npz_to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, t
     known: dict[str, Any] = {"eps": "bit", "in_chans": int(state["stem.conv.weight"].shape[1]), "num_classes": 0}
     kernel, bias = PREFIX + "head/conv2d/kernel", PREFIX + "head/conv2d/bias"
     if kernel in arrays:
-        k = arrays[kernel]
-        if k.ndim != 4 or k.shape[:2] != (1, 1):
-            raise WeightsError(f"{source}: {kernel} has shape {k.shape}; expected (1, 1, C, K)")
-        state["head.weight"] = torch.from_numpy(np.ascontiguousarray(k[0, 0].T))  # (K, C)
+        head = arrays[kernel]
+        if head.ndim != 4 or head.shape[:2] != (1, 1):
+            raise WeightsError(f"{source}: {kernel} has shape {head.shape}; expected (1, 1, C, K)")
+        state["head.weight"] = torch.from_numpy(np.ascontiguousarray(head[0, 0].T))  # (K, C)
         state["head.bias"] = torch.from_numpy(np.asarray(arrays[bias]).reshape(-1)) if bias in arrays else \
-            torch.zeros(k.shape[-1])
-        known["num_classes"] = int(k.shape[-1])
+            torch.zeros(head.shape[-1])
+        known["num_classes"] = int(head.shape[-1])
         used |= {kernel, bias}
     left = sorted(set(arrays) - used)
     if left:

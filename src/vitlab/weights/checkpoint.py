@@ -231,7 +231,7 @@ def _config_beside(ckpt: Checkpoint) -> None:
     ckpt.grid = cfg.grid_size
 
 
-def _from_recipe(meta: dict[str, Any], cfg: ViTConfig) -> pp.Preprocess | None:
+def _from_recipe(meta: dict[str, Any], cfg: ViTConfig | ResNetConfig) -> pp.Preprocess | None:
     """Files `vitlab train` wrote before the header held the preprocessing: the recipe's data section says it."""
     data = (meta.get("recipe") or {}).get("data") if isinstance(meta.get("recipe"), dict) else None
     if not isinstance(data, dict):

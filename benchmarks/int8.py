@@ -1,0 +1,170 @@
+"""int8 on the CPU: our static int8 (PT2E + Inductor) against OpenVINO int8 (NNCF) and ONNX Runtime int8.
+
+    .venv/bin/python benchmarks/int8.py speed --model ViT-B/16 --batches 8 1 --rounds 5 --threads 1
+    .venv/bin/python benchmarks/int8.py accuracy [--checkpoint CKPT]    # 10,000 Fashion-MNIST test images
+
+speed: every mode built on the same weights (ViT-B/16 at 224 px, random-init weights perturbed: timing does not
+depend on the values), calibrated on the same images; then interleaved rounds (each round calls every mode once,
+in turn), per batch size. Reported: median seconds, images/s, ratio of each runtime's time to ours in the same round
+(median over rounds; > 1 = ours faster), and the fraction of the int8 matmul peak measured at the start
+(`vitlab.bench.matmul_peak`: torch._int_mm on 2048^3, u8/s8 VNNI GEMMs through oneDNN) that the model's FLOPs
+(`vitlab.flops.count_flops`) reach. Then a torch.profiler table of one static-int8 call. Load average before and
+after. JSON + text under --out.
+
+accuracy: a trained Fashion-MNIST model (--checkpoint, else one trained here for --train-s seconds by
+benchmarks/mode_accuracy.py's recipe), calibrated on the first --calib training images; top-1 agreement with the
+fp32 model and accuracy on the 10,000 test images, for each int8 mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import profile
+
+import vitlab
+from vitlab.bench import machine_info
+from vitlab.bench.timing import loadavg, matmul_peak
+from vitlab.flops import count_flops
+from vitlab.io import write_atomic
+
+OURS = "int8-static"
+
+
+def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, example: torch.Tensor
+                ) -> dict[str, torch.nn.Module]:
+    out: dict[str, torch.nn.Module] = {}
+    for mode in modes:
+        t = time.perf_counter()
+        try:
+            out[mode] = model.eval() if mode == "fp32" else vitlab.optimize(model, mode, calib=calib, example=example)
+        except Exception as e:  # a missing runtime is reported and skipped, not fatal
+            print(f"  {mode}: cannot build: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+            continue
+        print(f"  built {mode} in {time.perf_counter() - t:.0f} s", flush=True)
+    return out
+
+
+def speed(args: argparse.Namespace) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = vitlab.create_model(args.model, num_classes=1000).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    cfg = model.cfg
+    chw = (cfg.in_chans, cfg.img_size, cfg.img_size)
+    calib = torch.randn(args.calib, *chw)
+    result: dict[str, Any] = {"machine": machine_info(), "threads": args.threads, "model": args.model,
+                              "load_start": loadavg(), "modes": args.modes, "batches": {}}
+    peaks = {"int8": matmul_peak(torch.int8, "cpu", 2048), "fp32": matmul_peak(torch.float32, "cpu", 2048)}
+    result["matmul_peak_gflops"] = peaks
+    print(f"peaks GFLOP/s: {peaks}  load {loadavg()}", flush=True)
+    lines = []
+    fns = build_modes(model, args.modes, calib, torch.randn(max(args.batches), *chw))  # runtimes: batch dynamic
+    for b in args.batches:
+        x = torch.randn(b, *chw)
+        with torch.no_grad():
+            for f in fns.values():  # warm-up: compile for this batch size, caches
+                for _ in range(2):
+                    f(x)
+            secs: dict[str, list[float]] = {m: [] for m in fns}
+            for _ in range(args.rounds):
+                for m, f in fns.items():
+                    t = time.perf_counter()
+                    f(x)
+                    secs[m].append(time.perf_counter() - t)
+        flops = count_flops(cfg) * b
+        rows = {}
+        for m in fns:
+            med = statistics.median(secs[m])
+            ratio = statistics.median(o / s for o, s in zip(secs[m], secs[OURS], strict=True)) if OURS in secs else None
+            rows[m] = {"seconds": secs[m], "median_s": med, "img_per_s": b / med, "ours_speedup": ratio,
+                       "pct_int8_peak": 100 * flops / med / 1e9 / peaks["int8"]}
+            lines.append(f"batch {b:>2} {m:<14} {med * 1e3:9.1f} ms {b / med:7.2f} img/s  "
+                         f"{'' if ratio is None else f'ours x{ratio:.2f}':>10}  "
+                         f"{rows[m]['pct_int8_peak']:5.1f}% of int8 peak")
+            print(lines[-1], flush=True)
+        result["batches"][b] = rows
+        if OURS in fns and b == max(args.batches):
+            with torch.no_grad(), profile() as prof:
+                fns[OURS](x)
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
+            result["profile_batch"], result["profile"] = b, table
+            print(table, flush=True)
+    result["load_end"] = loadavg()
+    lines.append(f"load average start {result['load_start']} end {result['load_end']}; threads {args.threads}")
+    out = Path(args.out)
+    write_atomic(out / "int8-speed.json", json.dumps(result, indent=1, default=str))
+    write_atomic(out / "int8-speed.txt", "\n".join(lines) + "\n\n" + result.get("profile", "") + "\n")
+    return result
+
+
+def accuracy(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from mode_accuracy import batches, train_briefly  # the recipe of the other accuracy benchmark
+
+    if args.checkpoint:
+        model = vitlab.load_model(args.checkpoint).eval()
+        trained = {"checkpoint": args.checkpoint}
+    else:
+        model, trained = train_briefly(args.train_s)
+        model.eval()
+    cfg = model.cfg
+    calib = []
+    for x, _ in batches("train", cfg.img_size, cfg.in_chans, 64):
+        calib.append(x)
+        if sum(len(c) for c in calib) >= args.calib:
+            break
+    calib_t = torch.cat(calib)[: args.calib]
+    test = list(batches("test", cfg.img_size, cfg.in_chans, 250))
+    fns = build_modes(model, ["fp32", *args.modes], calib_t, test[0][0][:8])
+    res: dict[str, Any] = {"machine": machine_info(), "trained": trained, "calib_images": len(calib_t),
+                           "load_start": loadavg(), "modes": {}}
+    with torch.no_grad():
+        ref = torch.cat([model(x).argmax(1) for x, _ in test])
+        labels = torch.cat([y for _, y in test])
+        for m, f in fns.items():
+            pred = torch.cat([f(x).argmax(1) for x, _ in test])
+            res["modes"][m] = {"agreement": float((pred == ref).float().mean()),
+                               "accuracy": float((pred == labels).float().mean()), "images": len(labels)}
+            print(f"{m:<14} agreement {100 * res['modes'][m]['agreement']:6.2f}%  "
+                  f"accuracy {100 * res['modes'][m]['accuracy']:6.2f}%  ({len(labels)} test images)", flush=True)
+    res["load_end"] = loadavg()
+    write_atomic(Path(args.out) / "int8-accuracy.json", json.dumps(res, indent=1, default=str))
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--model", default="ViT-B/16")
+    s.add_argument("--batches", type=int, nargs="+", default=[8, 1])
+    s.add_argument("--modes", nargs="+", default=["fp32", "int8", OURS, "openvino-int8", "ort-int8"])
+    s.add_argument("--rounds", type=int, default=5)
+    s.add_argument("--calib", type=int, default=32, help="calibration images (random here: speed only)")
+    a = sub.add_parser("accuracy")
+    a.add_argument("--checkpoint")
+    a.add_argument("--train-s", type=float, default=240)
+    a.add_argument("--modes", nargs="+", default=["bf16", "int8", OURS, "openvino-int8", "ort-int8"])
+    a.add_argument("--calib", type=int, default=128, help="calibration images from the training split")
+    for q in (s, a):
+        q.add_argument("--threads", type=int, default=1)
+        q.add_argument("--out", default="benchmarks/results/int8")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    (speed if args.cmd == "speed" else accuracy)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
