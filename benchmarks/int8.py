@@ -35,6 +35,7 @@ from vitlab.bench import machine_info
 from vitlab.bench.timing import loadavg, matmul_peak
 from vitlab.flops import count_flops
 from vitlab.io import write_atomic
+from vitlab.train.recipe import data_config_from_dict, load_recipe
 
 OURS = "int8-static"
 
@@ -65,8 +66,9 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"machine": machine_info(), "threads": args.threads, "model": args.model,
                               "load_start": loadavg(), "modes": args.modes, "batches": {}}
     peaks = {"int8": matmul_peak(torch.int8, "cpu", 2048), "fp32": matmul_peak(torch.float32, "cpu", 2048)}
-    result["matmul_peak_gflops"] = peaks
-    print(f"peaks GFLOP/s: {peaks}  load {loadavg()}", flush=True)
+    result["matmul_peak_flops"] = peaks  # FLOP/s
+    print(f"matmul peaks GFLOP/s: int8 {peaks['int8'] / 1e9:.0f}, fp32 {peaks['fp32'] / 1e9:.0f}; load {loadavg()}",
+          flush=True)
     lines = []
     fns = build_modes(model, args.modes, calib, torch.randn(max(args.batches), *chw))  # runtimes: batch dynamic
     for b in args.batches:
@@ -87,7 +89,7 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
             med = statistics.median(secs[m])
             ratio = statistics.median(o / s for o, s in zip(secs[m], secs[OURS], strict=True)) if OURS in secs else None
             rows[m] = {"seconds": secs[m], "median_s": med, "img_per_s": b / med, "ours_speedup": ratio,
-                       "pct_int8_peak": 100 * flops / med / 1e9 / peaks["int8"]}
+                       "pct_int8_peak": 100 * flops / med / peaks["int8"]}
             lines.append(f"batch {b:>2} {m:<14} {med * 1e3:9.1f} ms {b / med:7.2f} img/s  "
                          f"{'' if ratio is None else f'ours x{ratio:.2f}':>10}  "
                          f"{rows[m]['pct_int8_peak']:5.1f}% of int8 peak")
@@ -109,11 +111,19 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
 
 def accuracy(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(Path(__file__).parent))
-    from mode_accuracy import batches, train_briefly  # the recipe of the other accuracy benchmark
+    from mode_accuracy import train_briefly  # the recipe of the other accuracy benchmark
+
+    from vitlab.data.build import build_eval_data
+    from vitlab.data.config import DataConfig
+
+    data = data_config_from_dict(load_recipe(args.recipe).data) if args.recipe else DataConfig(dataset="fashion_mnist")
+
+    def batches(split: str, img_size: int, in_chans: int, batch_size: int) -> Any:
+        return build_eval_data(data, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)
 
     if args.checkpoint:
         model = vitlab.load_model(args.checkpoint).eval()
-        trained = {"checkpoint": args.checkpoint}
+        trained = {"checkpoint": args.checkpoint, "recipe": args.recipe}
     else:
         model, trained = train_briefly(args.train_s)
         model.eval()
@@ -153,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--calib", type=int, default=32, help="calibration images (random here: speed only)")
     a = sub.add_parser("accuracy")
     a.add_argument("--checkpoint")
+    a.add_argument("--recipe", help="the checkpoint's recipe: its data section preprocesses the images")
     a.add_argument("--train-s", type=float, default=240)
     a.add_argument("--modes", nargs="+", default=["bf16", "int8", OURS, "openvino-int8", "ort-int8"])
     a.add_argument("--calib", type=int, default=128, help="calibration images from the training split")

@@ -129,6 +129,19 @@ def test_bad_inputs_are_named(tiny, monkeypatch):
     with pytest.raises(ValueError, match="fp32 model"):
         to_onnxruntime(vitlab.create_model("ViT-Ti/16", depth=1, img_size=28, patch_size=7, in_chans=1,
                                            num_classes=10).to(torch.bfloat16), x)
+
+    class Untraceable(torch.nn.Module):  # returns a Python number: nothing a graph can express
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            return float((x * self.w).sum())
+
+    with pytest.raises(ValueError, match="OpenVINO cannot convert this model: "):
+        to_openvino(Untraceable(), x)
+    with pytest.raises(ValueError, match="takes a vitlab model"):
+        to_onnxruntime(Untraceable(), x)
     monkeypatch.setitem(sys.modules, "openvino", None)  # as if not installed
     with pytest.raises(MissingExtraError, match=r"pip install 'vitlab\[openvino\]'"):
         to_openvino(tiny, x)

@@ -99,9 +99,10 @@ def test_paper_sizes():
     assert round(count_params(ResNetConfig.from_name("BiT-R152x4")) / 1e6) == 937
 
 
-@pytest.mark.parametrize("cfg,hw", [(ResNetConfig(layers=(2, 2, 2, 2), width=16, in_chans=1, num_classes=10,
-                                                  img_size=28), (28, 28)),
-                                    (ResNetConfig(layers=(1, 2), width=32, num_classes=3, img_size=(37, 50)), (37, 50))])
+@pytest.mark.parametrize("cfg,hw", [
+    (ResNetConfig(layers=(2, 2, 2, 2), width=16, in_chans=1, num_classes=10, img_size=28), (28, 28)),
+    (ResNetConfig(layers=(1, 2), width=32, num_classes=3, img_size=(37, 50)), (37, 50)),
+])
 def test_flops_match_pytorchs_counter(cfg, hw):
     model = ResNetV2(cfg).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():

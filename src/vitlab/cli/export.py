@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = export_onnx(model, args.output, opset=args.opset, **common)  # type: ignore[arg-type]
     print(report.summary())
+    if verify is None and not args.no_verify:
+        print("top-1 agreement on real images not measured: no data set known for this checkpoint; give "
+              "--verify-data SPEC")
     return 0
 
 

@@ -190,9 +190,10 @@ def page_html(summary: dict[str, Any], analysis: Any) -> str:
         if curves.is_file():
             body += [f"<h3>Training curves, {name}</h3>", _img(curves.read_bytes(), f"training curves, {name}")]
     walls = ", ".join(f"{k} {v:.0f} s" for k, v in summary["stages_wall_s"].items())
+    cpus = ", ".join(f"{k} {v:.0f} s" for k, v in summary.get("stages_cpu_s", {}).items())
     body.append(
         f"<p class=small>Machine: {esc(summary['machine'])}; {summary['threads']} threads. Wall time per step: "
-        f"{esc(walls)}. Load average (1, 5, 15 min) at the start: "
+        f"{esc(walls)}; CPU time of this process (all threads): {esc(cpus)}. Load average (1, 5, 15 min) at the start: "
         f"{', '.join(f'{x:.2f}' for x in summary['load_average_start'])}; at the end: "
         f"{', '.join(f'{x:.2f}' for x in summary['load_average_end'])}. Numbers: <code>demo.json</code>; runs: "
         "<code>pretrain/</code>, <code>finetune/</code>, <code>transfer/</code>.</p>")

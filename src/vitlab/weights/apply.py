@@ -4,12 +4,14 @@ another class count, drop what the model has no place for, and refuse what canno
 from __future__ import annotations
 
 import warnings
+from typing import cast
 
 import torch
 from torch import nn
 
 from ..model import VisionTransformer
 from ..posembed import infer_grid, resample_pos_embed
+from ..resnet import ResNetV2
 from .report import LoadReport, ShapeMismatchError, WeightsError, WeightsWarning
 
 _HEAD = ("head.weight", "head.bias")
@@ -50,7 +52,8 @@ def apply_state_dict(
     _fit_head(model, state, target, report, pre_dropped)
     updates: dict[str, torch.Tensor] = {}
     if "pos_embed" in state and "pos_embed" in target:
-        updates["pos_embed"] = _fit_pos_embed(cast(VisionTransformer, model), state["pos_embed"], target["pos_embed"], report,
+        vit = cast(VisionTransformer, model)  # only a ViT has position embeddings
+        updates["pos_embed"] = _fit_pos_embed(vit, state["pos_embed"], target["pos_embed"], report,
                                               src_grid=src_grid, resize=resize)
     _match_rest(model, state, target, updates, report)
     if strict:
@@ -187,8 +190,8 @@ def _refuse_misfit(report: LoadReport) -> None:
     )
 
 
-def _copy_into(model: VisionTransformer | ResNetV2, updates: dict[str, torch.Tensor], target: dict[str, torch.Tensor], *,
-               assign: bool) -> None:
+def _copy_into(model: VisionTransformer | ResNetV2, updates: dict[str, torch.Tensor],
+               target: dict[str, torch.Tensor], *, assign: bool) -> None:
     with torch.no_grad():
         if assign:
             model.load_state_dict({k: v.to(dtype=target[k].dtype) for k, v in updates.items()}, strict=False,
@@ -200,7 +203,7 @@ def _copy_into(model: VisionTransformer | ResNetV2, updates: dict[str, torch.Ten
                 params[name].copy_(value.to(dtype=params[name].dtype))
 
 
-def _zero_head(model: VisionTransformer) -> None:
+def _zero_head(model: VisionTransformer | ResNetV2) -> None:
     if isinstance(model.head, nn.Linear):
         with torch.no_grad():
             model.head.weight.zero_()

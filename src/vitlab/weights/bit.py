@@ -73,7 +73,7 @@ def timm_to_ours(state: dict[str, torch.Tensor], source: str) -> dict[str, torch
     out = {}
     for k, v in state.items():
         if k == "head.fc.weight":
-            if v.dim() not in (2, 4) or v.dim() == 4 and tuple(v.shape[2:]) != (1, 1):
+            if v.dim() not in (2, 4) or (v.dim() == 4 and tuple(v.shape[2:]) != (1, 1)):
                 raise WeightsError(f"{source}: head.fc.weight has shape {tuple(v.shape)}; expected (K, C, 1, 1)")
             v = v.reshape(v.shape[0], v.shape[1])
         out[k.replace("head.fc.", "head.", 1) if k.startswith("head.fc.") else k] = v
@@ -108,7 +108,7 @@ def _conv(a: np.ndarray, name: str, source: str) -> torch.Tensor:
 
 
 def _vector(a: np.ndarray, name: str, source: str) -> torch.Tensor:
-    if a.ndim not in (1, 4) or a.ndim == 4 and a.shape[:3] != (1, 1, 1):  # (C,) or old flax's (1, 1, 1, C)
+    if a.ndim not in (1, 4) or (a.ndim == 4 and a.shape[:3] != (1, 1, 1)):  # (C,) or old flax's (1, 1, 1, C)
         raise WeightsError(f"{source}: {name} has shape {a.shape}; a GroupNorm parameter is (C,)")
     return torch.from_numpy(np.ascontiguousarray(a.reshape(-1)))
 
