@@ -26,5 +26,9 @@ $V --model ViT-B/16 --batch-sizes 8 --dtypes fp32 --peers timm --modes bf16 int8
 # The eager targets again, ours vs timm only (more rounds, shorter run, taken when the load had dropped to ~5).
 $V --model ViT-S/16 --batch-sizes 8 --peers timm --modes int8 --train-batch 0 --rounds 7 -o $R/vit-s16-b8-vs-timm
 $V --model ViT-B/16 --batch-sizes 8 --peers timm --modes int8 --train-batch 0 --rounds 5 -o $R/vit-b16-b8-vs-timm
+# The deployment runtimes (OpenVINO fp32/bf16/int8, ONNX Runtime fp32/int8) vs eager, with their accuracy cost.
+$V --model ViT-B/16 --batch-sizes 8 1 --peers onnxruntime onnxruntime-int8 openvino openvino-int8 --modes int8 \
+   --train-batch 0 --warmup 1 --rounds 3 --calib-images 32 --accuracy-images 32 --peak-size 1024 \
+   -o $R/vit-b16-runtimes
 # One Markdown table of everything: benchmarks/RESULTS.md
 .venv/bin/python benchmarks/summarize.py

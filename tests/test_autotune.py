@@ -16,6 +16,7 @@ from vitlab import autotune
 @pytest.fixture(autouse=True)
 def _on(monkeypatch):
     monkeypatch.setenv("VITLAB_AUTOTUNE", "on")  # the suite runs with it off (conftest); these tests measure
+    monkeypatch.setattr(autotune, "_load", lambda: 0.5)  # a quiet machine: nothing measured again for load
 
 
 class Timer:
@@ -189,3 +190,18 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
     data = json.loads(cache.read_text())
     (machine,) = data  # every process has the same machine key
     assert sorted(data[machine]) == sorted(kinds)
+
+
+def test_timings_from_a_busy_machine_are_measured_again_when_quiet(tmp_path, monkeypatch):
+    cache = tmp_path / "a.json"
+    monkeypatch.setattr(autotune, "_cores", lambda: 2)
+    monkeypatch.setattr(autotune, "_load", lambda: 9.0)  # busy
+    autotune.cached_choice("k", "s", ["a", "b"], Timer({"a": 2, "b": 1}), cache=cache)
+    busy = Timer({"a": 1, "b": 2})
+    assert autotune.cached_choice("k", "s", ["a", "b"], busy, cache=cache) == "b" and busy.calls == []  # still busy
+    monkeypatch.setattr(autotune, "_load", lambda: 1.0)  # quiet now: measured again, stored with the new load
+    quiet = Timer({"a": 1, "b": 2})
+    assert autotune.cached_choice("k", "s", ["a", "b"], quiet, cache=cache) == "a" and quiet.calls == ["a", "b"]
+    again = Timer({"a": 5, "b": 1})
+    assert autotune.cached_choice("k", "s", ["a", "b"], again, cache=cache) == "a" and again.calls == []
+    assert json.loads(cache.read_text())[autotune.machine_key()]["k"]["s"]["load"] == 1.0

@@ -108,10 +108,12 @@ def test_choices_spelled_in_the_cli_agree_with_the_library():
     from vitlab.cli import eval as eval_cli
     from vitlab.cli import export as export_cli
     from vitlab.cli import fewshot as fewshot_cli
-    from vitlab.optimize import MODES
+    from vitlab.optimize import CALIBRATED_MODES, MODES, RUNTIME_MODES
     from vitlab.weights import publish
 
-    assert eval_cli.MODES == MODES and eval_cli.TTA_MODES == evaluate.TTA_MODES
+    # the CLI's --mode: the torch modes that need no calibration images
+    assert eval_cli.MODES == tuple(m for m in MODES if m not in CALIBRATED_MODES + RUNTIME_MODES)
+    assert eval_cli.TTA_MODES == evaluate.TTA_MODES
     assert convert_cli.FORMATS == publish.EXPORT_FORMATS
     assert bench_cli.PEERS == bench.PEERS and set(bench_cli.DTYPES) == set(bench.DTYPES)
     assert export_cli.DEFAULT_OPSET == export.DEFAULT_OPSET

@@ -14,8 +14,9 @@ import torch
 
 from vitlab.config import VARIANTS
 from vitlab.flops import count_params
-from vitlab.model import VisionTransformer
+from vitlab.model import create_model
 from vitlab.preprocess import IMAGENET, INCEPTION, Preprocess
+from vitlab.resnet import VARIANTS as BIT_VARIANTS
 from vitlab.weights import WeightsError, registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def test_the_table_covers_each_publisher() -> None:
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
 def test_every_entry_builds_and_parses(entry: registry.Entry) -> None:
     cfg = entry.model_config()
-    assert cfg.name == entry.variant and entry.variant in VARIANTS
+    assert cfg.name == entry.variant and (entry.variant in VARIANTS or entry.variant in BIT_VARIANTS)
     assert cfg.num_classes == entry.num_classes and cfg.img_hw == (entry.img_size, entry.img_size)
     pre = entry.to_preprocess()
     assert isinstance(pre, Preprocess) and pre.hw == cfg.img_hw and pre.source
@@ -64,7 +65,7 @@ def test_configs_build_real_models_with_the_counted_parameters() -> None:
             continue
         seen.add(key)
         with torch.device("meta"):
-            model = VisionTransformer(e.model_config())
+            model = create_model(e.model_config())
         assert sum(p.numel() for p in model.parameters()) == count_params(e.model_config()), e.name
 
 

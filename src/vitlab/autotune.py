@@ -8,9 +8,11 @@ read them back. A candidate added later is measured alone, the stored ones are r
 
 The cache is one JSON file, `$VITLAB_CACHE/autotune.json` (else `$XDG_CACHE_HOME/vitlab`, else `~/.cache/vitlab`),
 laid out as machine -> kind -> shape -> {"timings": {candidate: seconds or null}, "winner": ..., "measured": ISO
-time}. It is rewritten atomically (vitlab.io) under an advisory lock, re-read inside the lock, so concurrent
-processes merge their results instead of losing them. An unreadable cache is logged and measured again; a cache
-that cannot be written is logged and the choice still returned.
+time, "load": the load average then}. Timings taken on a busy machine (load above 1.5x the cores) are measured
+again once the machine is quiet (load at most the cores). The file is rewritten atomically (vitlab.io) under an
+advisory lock, re-read inside the lock, so concurrent processes merge their results instead of losing them. An
+unreadable cache is logged and measured again; a cache that cannot be written is logged and the choice still
+returned.
 
 `VITLAB_AUTOTUNE` switches it: unset / "on" (measure once, then cache), "off" (never measure: the first candidate,
 which callers make their rule-of-thumb default), "refresh" (measure again, replacing the stored timings).
@@ -88,10 +90,7 @@ def machine_key(device: Any = "cpu") -> str:
 
     device = torch.device(device)
     name, flags = _cpu_model_and_flags()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    cores = _cores()
     where = device.type
     if device.type == "cuda":
         where = f"cuda:{torch.cuda.get_device_name(device)}"
@@ -168,6 +167,28 @@ def _stored(entry: dict[str, Any]) -> dict[str, float | None]:
             if t is None or (isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and t >= 0)}
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _load() -> float | None:
+    """The 1-minute load average (None where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def _busy_then_quiet_now(entry: dict[str, Any]) -> bool:
+    """Whether stored timings were taken on a busy machine (load above 1.5x the cores) and it is quiet now (load
+    at most the cores): then they are measured again, once, rather than trusted for good."""
+    then, now, cores = entry.get("load"), _load(), _cores()
+    return isinstance(then, int | float) and now is not None and then > 1.5 * cores and now <= cores
+
+
 def _check(kind: str, shape_key: str, candidates: Sequence[str]) -> list[str]:
     for name, value in (("kind", kind), ("shape_key", shape_key)):
         if not isinstance(value, str) or not value.strip():
@@ -221,7 +242,11 @@ def cached_choice(kind: str, shape_key: str, candidates: Sequence[str], measure:
         return cands[0]
     path = Path(cache) if cache is not None else default_cache()
     machine = machine_key(device)
-    stored = {} if how == "refresh" else _stored(_entry(_read(path), machine, kind, shape_key))
+    entry = _entry(_read(path), machine, kind, shape_key)
+    if how == "refresh" or _busy_then_quiet_now(entry):
+        how, stored = "refresh", {}
+    else:
+        stored = _stored(entry)
     fresh = {c: _seconds(kind, c, measure(c)) for c in cands if c not in stored}
     t = {c: fresh[c] if c in fresh else stored[c] for c in cands}
     eligible = [c for c in cands if t[c] is not None]
@@ -232,7 +257,7 @@ def cached_choice(kind: str, shape_key: str, candidates: Sequence[str], measure:
         def change(data: dict[str, Any]) -> None:
             shapes = _table(_table(data, machine), kind)
             old = {} if how == "refresh" else _stored(_entry(data, machine, kind, shape_key))
-            shapes[shape_key] = {"timings": {**old, **fresh}, "winner": winner,
+            shapes[shape_key] = {"timings": {**old, **fresh}, "winner": winner, "load": _load(),
                                  "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
         _update(path, change)

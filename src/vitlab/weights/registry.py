@@ -28,6 +28,8 @@ from urllib.parse import unquote
 
 from ..config import VARIANTS, ViTConfig
 from ..preprocess import Preprocess
+from ..resnet import VARIANTS as BIT_VARIANTS
+from ..resnet import ResNetConfig, config_from_name
 from .report import WeightsError
 
 REGISTRY_PATH = Path(__file__).with_name("registry.json")
@@ -50,8 +52,10 @@ class Entry:
         url: Where the bytes are: an https URL or "hf-hub:owner/repo".
         filename: For a Hub repo, the weights file to take; None otherwise.
         format: "npz" | "big_vision" | "hf" | "timm" | "torchvision".
-        variant: The vitlab model name (a key of `vitlab.config.VARIANTS`).
-        config: ViTConfig overrides that build this checkpoint's model, num_classes and img_size included.
+        variant: The vitlab model name (a key of `vitlab.config.VARIANTS`, or of `vitlab.resnet.VARIANTS` for
+            the BiT ResNets).
+        config: ViTConfig (ResNetConfig) overrides that build this checkpoint's model, num_classes and img_size
+            included.
         num_classes: Classes of the head (0: no head).
         img_size: Input side the weights were trained / fine-tuned at.
         preprocess: `vitlab.preprocess.Preprocess` fields (see `to_preprocess`).
@@ -85,9 +89,10 @@ class Entry:
     def __hash__(self) -> int:
         return hash(self.name)
 
-    def model_config(self, **overrides: Any) -> ViTConfig:
-        """The ViTConfig of this checkpoint's model (`overrides` win over the entry's)."""
-        return ViTConfig.from_name(self.variant, **{**self.config, **overrides})
+    def model_config(self, **overrides: Any) -> ViTConfig | ResNetConfig:
+        """The ViTConfig (a BiT ResNet's: ResNetConfig) of this checkpoint's model (`overrides` win over the
+        entry's)."""
+        return config_from_name(self.variant, **{**self.config, **overrides})
 
     def to_preprocess(self) -> Preprocess:
         """The preprocessing as a `Preprocess`."""
@@ -123,8 +128,8 @@ def _entry(raw: Any, where: str) -> Entry:
     _check(isinstance(aliases, list) and all(isinstance(a, str) and a for a in aliases), where,
            "aliases must be a list of non-empty strings")
     _check(raw["format"] in FORMATS, where, f"format {raw['format']!r} is not one of {FORMATS}")
-    _check(raw["variant"] in VARIANTS, where, f"variant {raw['variant']!r} is not a vitlab variant "
-                                              f"({', '.join(VARIANTS)})")
+    _check(raw["variant"] in VARIANTS or raw["variant"] in BIT_VARIANTS, where,
+           f"variant {raw['variant']!r} is not a vitlab variant ({', '.join([*VARIANTS, *BIT_VARIANTS])})")
     url = raw["url"]
     hub = url.startswith("hf-hub:")
     _check(hub or url.startswith("https://"), where, f"url {url!r} is neither https:// nor hf-hub:owner/repo")
@@ -140,7 +145,7 @@ def _entry(raw: Any, where: str) -> Entry:
            "config must not repeat num_classes / img_size (they are entry fields)")
     config = {"num_classes": nc, "img_size": size, **extra}
     try:
-        ViTConfig.from_name(raw["variant"], **config)
+        config_from_name(raw["variant"], **config)
     except (TypeError, ValueError) as e:
         raise WeightsError(f"{where}: config {extra} does not build a {raw['variant']}: {e}") from e
     try:
