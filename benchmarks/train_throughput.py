@@ -207,7 +207,7 @@ def baseline_variants(workers: int, preset: str, compiled: bool) -> list[tuple[s
     rows = []
     source = "torchvision DataLoader" if preset == "fmnist" else "fixed random batches"
     for precision, what in (("fp32", "fp32"), ("bf16", "bf16 autocast")):
-        for w in ((0, workers) if preset == "fmnist" else (0,)):
+        for w in (sorted({0, workers}) if preset == "fmnist" else (0,)):
             rows.append((f"timm + {source} ({what}, num_workers={w})", w, precision, False))
     if compiled:
         w = workers if preset == "fmnist" else 0
@@ -248,7 +248,11 @@ def main() -> None:
     p.add_argument("--compiled-baseline", action="store_true", help="also timm + bf16 autocast + torch.compile")
     p.add_argument("-o", "--output", default=None, help="write the table (Markdown) and a .json beside it")
     args = p.parse_args()
+    import logging
     import multiprocessing as mp
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("vitlab.precision").setLevel(logging.INFO)  # what `auto` measured and chose
 
     from vitlab.allocator import keep_freed_memory
 

@@ -112,7 +112,7 @@ def test_choices_spelled_in_the_cli_agree_with_the_library():
     from vitlab.weights import publish
 
     # the CLI's --mode: the torch modes that need no calibration images
-    assert eval_cli.MODES == tuple(m for m in MODES if m not in CALIBRATED_MODES + RUNTIME_MODES)
+    assert tuple(m for m in MODES if m not in CALIBRATED_MODES + RUNTIME_MODES) == eval_cli.MODES
     assert eval_cli.TTA_MODES == evaluate.TTA_MODES
     assert convert_cli.FORMATS == publish.EXPORT_FORMATS
     assert bench_cli.PEERS == bench.PEERS and set(bench_cli.DTYPES) == set(bench.DTYPES)

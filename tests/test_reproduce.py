@@ -210,3 +210,12 @@ def test_bad_command_lines_are_usage_errors(argv, message, capsys, tmp_path):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # refused before any work
+
+
+def test_white_noise_share_is_the_expected_share_of_random_filters():
+    from vitlab.paper.inside import white_noise_low_share
+
+    rng = np.random.default_rng(0)
+    noise = rng.standard_normal((4000, 1, 4, 4))
+    assert white_noise_low_share(4) == pytest.approx(9 / 16)
+    assert low_frequency_share(noise) == pytest.approx(white_noise_low_share(4), abs=0.01)  # Parseval, averaged

@@ -156,6 +156,10 @@ def test_pooled_features_serve_the_fewshot_probe():
 
 
 def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monkeypatch):
+    from vitlab.data import synthetic
+    from vitlab.evaluate import evaluate_checkpoint
+
+    monkeypatch.setitem(synthetic.SYNTHETIC_SIZES, "test", 48)  # the final evaluations read the whole split
     r = Recipe.from_dict({"model": {**SMALL, "num_classes": 10}, "data": synthetic_data,
                           "train": {"batch_size": 8, "steps": 2, "eval_max_samples": 16, "precision": "fp32"}})
     assert isinstance(r.model.vit_config(), ResNetConfig)
@@ -166,10 +170,6 @@ def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monke
     assert isinstance(model, ResNetV2)
     assert model.cfg == ResNetConfig.from_name("BiT-R26x1", width=16, img_size=28, in_chans=1, num_classes=10)
     assert model.preprocess is not None and model.preprocess.img_size == 28
-    from vitlab.data import synthetic
-    from vitlab.evaluate import evaluate_checkpoint
-
-    monkeypatch.setitem(synthetic.SYNTHETIC_SIZES, "test", 48)  # `vitlab eval` reads the whole split
     ev = evaluate_checkpoint(path, "synthetic", split="test", batch_size=16, progress=False, precision="fp32")
     assert ev.num_samples == 48 and 0 <= ev.top1 <= 1
     # fine-tune from it: a new zero head for another class count
@@ -185,3 +185,19 @@ def test_another_class_count_gets_a_zero_head(tmp_path):
     other, report = vitlab.load_model(tmp_path / "m.safetensors", num_classes=3, return_report=True)
     assert "head.weight" in report.replaced and not other.head.weight.any()
     torch.testing.assert_close(other.stages[0].blocks[0].conv2.weight, model.stages[0].blocks[0].conv2.weight)
+
+
+def test_docs_and_docstring_examples_run():
+    import doctest
+    import re
+    from pathlib import Path
+
+    import vitlab.resnet
+
+    assert doctest.testmod(vitlab.resnet, extraglobs={"torch": torch}).failed == 0
+    page = (Path(__file__).parents[1] / "docs" / "models.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S)
+    assert code is not None
+    env: dict = {}
+    exec(code.group(1).replace('create_model("BiT-R50x1")', 'create_model("BiT-R50x1", num_classes=3)'), env)
+    assert env["logits"].shape == (8, 10) and env["feats"].shape == (8, 512)

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from timm.models.resnetv2 import _load_weights as timm_load_npz
 
 import vitlab
-from vitlab.resnet import ResNetV2
+from vitlab.resnet import ResNetConfig, ResNetV2
 from vitlab.weights import WeightsError, read_metadata
 
 from .conftest import perturb_
@@ -113,3 +113,34 @@ def test_a_vit_file_does_not_fit_a_resnet(tmp_path):
     vitlab.save_weights(vitlab.create_model("BiT-R14x1", width=32, num_classes=3), tmp_path / "bit.safetensors")
     with pytest.raises(WeightsError, match="holds a BiT ResNet's weights but the model is a ViT"):
         vitlab.load_weights(vit, tmp_path / "bit.safetensors")
+
+
+def test_registry_lists_googles_and_timms_bit_files():
+    from vitlab.weights import registry
+
+    bit = [e for e in registry.list_entries() if e.variant.startswith("BiT-")]
+    google = [e for e in bit if e.format == "npz"]
+    assert len(google) == 15 and len(bit) == 27  # BiT-S / BiT-M x 5 architectures, 5 ILSVRC-2012 fine-tunes; timm 12
+    for e in google:
+        pre = e.to_preprocess()  # big_transfer bit_pytorch/train.py: Resize((crop, crop)), Normalize(0.5, 0.5)
+        assert (pre.mean, pre.std, pre.resize, pre.crop_fraction) == ((0.5,) * 3, (0.5,) * 3, "resize", 1.0)
+        assert e.url == f"https://storage.googleapis.com/bit_models/{e.aliases[0]}.npz"
+        cfg = e.model_config()
+        assert isinstance(cfg, ResNetConfig) and cfg.name == e.variant == f"BiT-{e.aliases[0].split('-')[2]}"
+        assert e.num_classes == {"S": 1000, "M": 21843}[e.aliases[0][4]] or e.name.endswith("-ILSVRC2012.npz")
+    assert registry.get("BiT-M-R152x4-ILSVRC2012").img_size == 480  # bit_hyperrule: (512, 480) for ImageNet
+
+
+def test_a_registry_name_loads_from_the_cache(tmp_path, monkeypatch):
+    """`load_model("BiT-M-R50x1")` with the file already in the cache (no network): the entry's preprocessing and
+    class count apply, the archive's layout fixes the rest (here the fixture's small archive stands in)."""
+    from vitlab.weights.download import url_cache_path
+
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
+    path = url_cache_path("https://storage.googleapis.com/bit_models/BiT-M-R50x1.npz")
+    path.parent.mkdir(parents=True)
+    np.savez(path, **make_fixture.google_layout_arrays())
+    model, report = vitlab.load_model("BiT-M-R50x1", return_report=True)
+    assert isinstance(model, ResNetV2) and model.cfg.eps == "bit" and model.cfg.num_classes == 21843
+    assert "head.weight" in report.replaced  # 5 classes in the stand-in, 21843 in the entry: a new zero head
+    assert model.preprocess is not None and model.preprocess.hw == (224, 224) and model.preprocess.mean == (0.5,) * 3

@@ -187,7 +187,7 @@ def test_google_files_timm_converted_agree_with_timm() -> None:
 # -- Google's files and the Hub repos -----------------------------------------------------------------------------
 
 def test_google_npz_entries_follow_vit_jax() -> None:
-    for e in by_format("npz"):
+    for e in [e for e in by_format("npz") if not e.variant.startswith("BiT-")]:  # BiT: tests/test_weights_bit.py
         pre = e.to_preprocess()
         assert (pre.mean, pre.std, pre.resize, pre.crop_fraction) == (INCEPTION.mean, INCEPTION.std, "resize", 1.0)
         assert e.license == "Apache-2.0" and e.url.startswith("https://storage.googleapis.com/vit_models/")

@@ -14,7 +14,7 @@ DESCRIPTION = """\
 Reproduce one of the paper's findings on Fashion-MNIST (and scikit-learn's handwritten digits) at a scale one
 machine runs, and report the paper's claim beside our measurement:
 
-  data-scale   ViT vs hybrid vs BiT ResNet trained on 1k..60k images, same compute per run (Sec. 4.4, Fig. 3-4)
+  data-scale   ViT vs hybrid vs BiT ResNet trained on 1k..60k images, same compute per run (Sec. 4.3, Fig. 3-4)
   transfer     pre-train, then fine-tune / few-shot linear probe with 1..all labels per class vs scratch
                (Table 2 protocol), on held-out Fashion-MNIST classes and on the digits
   resolution   fine-tune at 40 and 56 px with each position-embedding resize mode, vs resized only (Sec. 3.2)

@@ -1,6 +1,6 @@
 """The paper's findings, reproduced at a scale one machine runs: `vitlab reproduce EXPERIMENT`.
 
-    data-scale   ViT vs hybrid vs BiT ResNet on growing data (Sec. 4.4, Fig. 3-4)
+    data-scale   ViT vs hybrid vs BiT ResNet on growing data (Sec. 4.3, Fig. 3-4)
     transfer     pre-train, then fine-tune / linear-probe with 1..all labels per class vs scratch (Table 2 protocol)
     resolution   fine-tune at a higher resolution with each position-embedding resize (Sec. 3.2)
     inside       filters, position embeddings, attention distance, rollout of the best ViT (Sec. 4.5, Fig. 6-7)

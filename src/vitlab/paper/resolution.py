@@ -1,6 +1,6 @@
-"""Resolution (paper Sec. 3.2): "It is often beneficial to fine-tune at higher resolution than pre-training ... we
-keep the patch size the same, which results in a larger effective sequence length ... we perform 2D interpolation of
-the pre-trained position embeddings, according to their location in the original image."
+"""Resolution (paper Sec. 3.2): fine-tuning at a higher resolution than pre-training often helps; the patch size stays
+the same, so the sequence grows, and the pre-trained position embeddings are interpolated in 2-D according to their
+place in the image.
 
 The upstream ViT (28 px, 7x7 patches of 4x4 pixels: `upstream`) is fine-tuned on its own task at larger sizes with
 each position-embedding resize mode (jax, bilinear, bicubic), against (a) evaluating it at the larger size without
