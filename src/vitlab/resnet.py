@@ -135,8 +135,9 @@ class ResNetConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ResNetConfig:
         d = dict(d)
-        if d.pop("arch", ARCH) != ARCH:
-            raise ValueError(f"not a ResNetConfig: arch {d.get('arch')!r}")
+        arch = d.pop("arch", ARCH)
+        if arch != ARCH:
+            raise ValueError(f"not a ResNetConfig: arch {arch!r} (expected {ARCH!r})")
         return cls(**check_keys(d, cls, "ResNetConfig", "field"))
 
     def replace(self, **overrides: Any) -> ResNetConfig:

@@ -23,7 +23,7 @@ from torch import nn
 from ..config import ViTConfig
 from ..flops import count_flops
 from ..model import VisionTransformer, create_model
-from ..optimize import MODES, optimize
+from ..optimize import CALIBRATED_MODES, MODES, optimize
 from .peers import BUILDERS, PEERS, RUNTIME_PEERS, build_runtime
 from .timing import loadavg, machine_info, matmul_peak, peak_memory, time_calls
 
@@ -248,8 +248,8 @@ def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, 
     if dname == "fp32":
         for mode in bc.modes:
             log.info("preparing mode %s ...", mode)
-            fast = optimize(ours, mode)
-            cands[f"ours[{mode}]"] = (fast, "int8" if mode == "int8" else _DTYPE_NAMES[fast.dtype])
+            fast = optimize(ours, mode, calib=calib if mode in CALIBRATED_MODES else None)
+            cands[f"ours[{mode}]"] = (fast, "int8" if "int8" in mode else _DTYPE_NAMES[fast.dtype])
     return cands
 
 
@@ -265,9 +265,10 @@ def _bench_inference(ours: VisionTransformer, bc: BenchConfig, cfg: ViTConfig, p
     with torch.inference_mode():
         acc_ref = _logits(ours, acc_x.to(device), bc)
     calib = None
-    if any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers) and "fp32" in bc.dtypes:
+    int8_peers = any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers)
+    if (int8_peers or any(m in CALIBRATED_MODES for m in bc.modes)) and "fp32" in bc.dtypes:
         calib, calib_src = _real_images(bc, cfg, "train", bc.calib_images)
-        log.info("int8 runtimes calibrate on %d images of %s", len(calib), calib_src)
+        log.info("int8 runtimes and modes calibrate on %d images of %s", len(calib), calib_src)
     results = []
     for dname in bc.dtypes:
         dtype = DTYPES[dname]
