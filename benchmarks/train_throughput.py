@@ -15,8 +15,9 @@ these plain loops is the baseline of the ratio. Optionally (`--compiled-baseline
 torch.compile, a stronger reference than the target asks for, gets its own ratio line.
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
-src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved (A, B, A, B, ...) so
-that a machine shared with other jobs slows all alike; only one side computes at a time. The table reports the
+src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed every
+other round (A, B, C, C, B, A, ...), so that a machine shared with other jobs slows all alike, also while its load
+rises or falls; only one side computes at a time. The table reports the
 median images/s of each side and the load average (1 min) before each round.
 
     .venv/bin/python benchmarks/train_throughput.py --rounds 5 --steps 10 -o benchmarks/results/train_throughput.md
@@ -290,7 +291,8 @@ def main() -> None:
     loads: list[float] = []
     for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
-        for name, run in sides.items():
+        order = list(sides.items())  # A, B, C then C, B, A: a load that rises or falls evens out over two rounds
+        for name, run in order if r % 2 == 0 else order[::-1]:
             results[name].append(run())
         print(f"round {r + 1}/{args.rounds} (load {loads[-1]:.1f}): " +
               ", ".join(f"{v[-1]:.1f}" for v in results.values()), flush=True)

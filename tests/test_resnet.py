@@ -155,6 +155,7 @@ def test_pooled_features_serve_the_fewshot_probe():
         torch.testing.assert_close(model.head(model.embed_features(x)), model(x))
 
 
+@pytest.mark.slow  # two short trainings and an evaluation: 16-50 s on the shared 2 cores
 def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monkeypatch):
     from vitlab.data import synthetic
     from vitlab.evaluate import evaluate_checkpoint
