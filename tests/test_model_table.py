@@ -6,20 +6,23 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import vitlab
 from vitlab.cli import main
 from vitlab.config import VARIANTS
 
-KEYS = {"name", "layers", "width", "mlp", "heads", "params", "seq_224", "gflops_224", "seq_384", "gflops_384"}
+KEYS = {"family", "name", "layers", "width", "mlp", "heads", "params", "seq_224", "gflops_224", "seq_384",
+        "gflops_384"}
+BIT_KEYS = {"family", "name", "units", "width", "params", "gflops_224", "gflops_384"}
 
 
-def _rows(capsys, *args: str) -> dict[str, dict]:
+def _rows(capsys, *args: str, family: str = "vit") -> dict[str, dict]:
     capsys.readouterr()
     assert main(["models", "--json", *args]) == 0
     rows = json.loads(capsys.readouterr().out)  # the whole of stdout is one JSON document
-    assert isinstance(rows, list) and all(set(r) == KEYS for r in rows)
-    return {r["name"]: r for r in rows}
+    assert isinstance(rows, list) and all(set(r) == {"vit": KEYS, "bit": BIT_KEYS}[r["family"]] for r in rows)
+    return {r["name"]: r for r in rows if r["family"] == family}
 
 
 def test_models_json_matches_table_1(capsys):
@@ -48,3 +51,16 @@ def test_params_are_the_models_own_count(name, capsys):
     assert rows["params"] - ten["params"] == (1000 - 10) * (rows["width"] + 1)  # head weight + bias
     model = vitlab.create_model(name, num_classes=10)
     assert ten["params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_models_lists_the_bit_baselines_with_timms_counts(capsys):
+    """The BiT rows: timm's resnetv2_50x1_bit holds the same parameters; ResNet-50's ~4.1 G multiply-adds at 224."""
+    timm = pytest.importorskip("timm")
+    rows = _rows(capsys, family="bit")
+    assert {"BiT-R50x1", "BiT-R152x4", "BiT-R26x1"} <= set(rows)
+    with torch.device("meta"):
+        ref = timm.create_model("resnetv2_50x1_bit", num_classes=1000)
+    assert rows["BiT-R50x1"]["params"] == sum(p.numel() for p in ref.parameters())
+    assert rows["BiT-R50x1"]["units"] == [3, 4, 6, 3] and 4.0 < rows["BiT-R50x1"]["gflops_224"] / 2 < 4.2
+    text_rows = (main(["models"]), capsys.readouterr().out)[1]
+    assert "BiT-R101x3" in text_rows and "ViT-H/14" in text_rows
