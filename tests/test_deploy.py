@@ -2,6 +2,7 @@
 sizes they were not built with), int8 graphs are really quantised and still agree with PyTorch on real images, and
 bad inputs are named. The reference throughout is the PyTorch model itself."""
 
+import logging
 import os
 import sys
 
@@ -91,6 +92,7 @@ def test_openvino_bf16_is_bf16(tiny):
 def test_int8_runtimes_quantise_and_agree_on_real_images(tiny, fmnist, runtime, tmp_path):
     calib, test = fmnist
     example = test[:2]
+    root_level = logging.root.level
     if runtime == "openvino":
         graph = openvino_model(tiny, example, int8=True, calib=calib)
         assert "FakeQuantize" in {op.get_type_name() for op in graph.get_ops()}  # NNCF's int8 marks
@@ -108,6 +110,7 @@ def test_int8_runtimes_quantise_and_agree_on_real_images(tiny, fmnist, runtime, 
     diff = (out - ref).abs().max().item()
     assert agreement >= 0.85, agreement  # another model would agree on ~1 in 10
     assert diff > 1e-3  # int8 rounding shows: the graph is not fp32 in disguise
+    assert logging.root.level == root_level  # the quantisers' logging set-up does not leak to the caller
 
 
 def test_bad_inputs_are_named(tiny, monkeypatch):

@@ -156,11 +156,13 @@ def test_pooled_features_serve_the_fewshot_probe():
 
 
 @pytest.mark.slow  # two short trainings and an evaluation: 16-50 s on the shared 2 cores
-def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monkeypatch):
+def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monkeypatch, request):
     from vitlab.data import synthetic
     from vitlab.evaluate import evaluate_checkpoint
 
     monkeypatch.setitem(synthetic.SYNTHETIC_SIZES, "test", 48)  # the final evaluations read the whole split
+    synthetic.load_synthetic.cache_clear()  # an earlier test may have cached the 10,000-image split
+    request.addfinalizer(synthetic.load_synthetic.cache_clear)
     r = Recipe.from_dict({"model": {**SMALL, "num_classes": 10}, "data": synthetic_data,
                           "train": {"batch_size": 8, "steps": 2, "eval_max_samples": 16, "precision": "fp32"}})
     assert isinstance(r.model.vit_config(), ResNetConfig)

@@ -198,7 +198,10 @@ def _tiny(path: str, tmp_path: Path, source: dict) -> Recipe:
               eval_max_samples=500, eval_split="test", compile=False, precision=precision)
     if (d.get("init") or {}).get("checkpoint"):
         # a tiny pre-trained model at a lower resolution, with a pre-logits layer and another head
-        pre = vitlab.create_model(model["name"], **{**TINY, "img_size": 32, "patch_size": 8, "in_chans": in_chans,
+        # (the recipe's own architecture: a hybrid's stem, pooling and class token; 24 px = a 3x3 grid for a hybrid)
+        arch = {k: v for k, v in model.items() if k not in ("name", "img_size", "num_classes")}
+        pre = vitlab.create_model(model["name"], **{**arch, "img_size": 24 if hybrid else 32,
+                                                    "patch_size": model["patch_size"], "in_chans": in_chans,
                                                     "num_classes": 7, "representation_size": TINY["embed_dim"]})
         ckpt = tmp_path / "pre.safetensors"
         vitlab.save_weights(pre, ckpt)

@@ -134,6 +134,7 @@ def _quiet() -> Iterator[None]:
     records below ERROR (onnxruntime.quantization logs advice through the root logger; importing nncf makes
     torch log that there is no CUDA)."""
     before = logging.root.manager.disable
+    root_level, root_handlers = logging.root.level, list(logging.root.handlers)
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -141,6 +142,10 @@ def _quiet() -> Iterator[None]:
             yield
     finally:
         logging.disable(before)
+        # the quantisers reconfigure the root logger (level ERROR after an ONNX Runtime / NNCF build): undo it, so
+        # the caller's warnings still reach the caller's handlers
+        logging.root.setLevel(root_level)
+        logging.root.handlers[:] = root_handlers
 
 
 # -- OpenVINO ----------------------------------------------------------------------------------------------
