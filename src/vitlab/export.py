@@ -362,18 +362,12 @@ def export_images(model: nn.Module, checkpoint: str | Path, source: str | None, 
             raise ValueError(f"{what}: give --calib DATA (a data set spec such as fashion_mnist or "
                              f"imagefolder:/path, or image files/folders); {checkpoint} has no recipe.yaml beside "
                              f"it naming its data set")
-        from .data import build_eval_data
+        from .data import first_images
 
-        loader = build_eval_data(dc, split, img_size=cfg.img_hw, in_chans=cfg.in_chans, batch_size=min(n, 256))
-        batches, got = [], 0
-        for batch in loader:
-            batches.append(batch[0][: n - got])
-            got += len(batches[-1])
-            if got >= n:
-                break
-        if not batches:
+        images = first_images(dc, split, n, img_size=cfg.img_hw, in_chans=cfg.in_chans)
+        if images is None:
             raise ValueError(f"split {split!r} of the recipe's data set {dc.dataset} has no images")
-        return torch.cat(batches).float(), f"{dc.dataset}/{split} (the checkpoint's recipe.yaml)"
+        return images, f"{dc.dataset}/{split} (the checkpoint's recipe.yaml)"
     pre = analysis_preprocess(model, checkpoint, cfg.img_hw)  # type: ignore[arg-type]
     if Path(source).exists():
         paths = expand_image_paths([source])[:n]

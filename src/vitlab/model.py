@@ -31,6 +31,17 @@ if TYPE_CHECKING:
 _EXPECTED = "a float tensor of shape (B, C, H, W), normalised as the weights expect"
 
 
+def zero_head(num_features: int, num_classes: int, like: torch.Tensor) -> nn.Linear | nn.Identity:
+    """A zero-initialised Linear head (the paper's fine-tuning head, Sec. 3.2; BiT's too) on `like`'s device and
+    dtype; nn.Identity for `num_classes` 0 (features out)."""
+    if not num_classes:
+        return nn.Identity()
+    head = nn.Linear(num_features, num_classes, device=like.device, dtype=like.dtype)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
 def check_images(x: object, weight: torch.Tensor) -> None:
     """TypeError / ValueError in our words for what the model cannot take (metadata only: no sync, no copy).
 
@@ -264,12 +275,7 @@ class VisionTransformer(nn.Module):
         if pool is not None:
             self.cfg = self.cfg.replace(pool=pool)
         self.cfg = self.cfg.replace(num_classes=num_classes)
-        ref = self.norm.weight
-        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes \
-            else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        self.head = zero_head(self.num_features, num_classes, like=self.norm.weight)
 
     # -- the Hub's folder layout (config.json + model.safetensors), as huggingface_hub's mixin ---------
     def save_pretrained(self, save_directory, **kwargs):

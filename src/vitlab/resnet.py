@@ -39,7 +39,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig, check_keys, check_number, to_hw
 from .hybrid import GROUPS, GroupNormAct, StdConv2d, init_backbone, set_eps
-from .model import check_images
+from .model import check_images, zero_head
 
 ARCH = "resnetv2"  # the "arch" key of a serialised ResNetConfig (ViTConfig has none)
 EPS_CHOICES = ("timm", "bit")  # vitlab.hybrid.EPS keys the ResNet takes
@@ -327,12 +327,7 @@ class ResNetV2(nn.Module):
         if pool not in (None, "avg"):
             raise ValueError(f"a BiT ResNet pools by global average only, got pool={pool!r}")
         self.cfg = self.cfg.replace(num_classes=num_classes)
-        ref = self.norm.weight
-        self.head = nn.Linear(self.num_features, num_classes, device=ref.device, dtype=ref.dtype) if num_classes \
-            else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        self.head = zero_head(self.num_features, num_classes, like=self.norm.weight)
 
     # -- forward ------------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:

@@ -144,19 +144,13 @@ def _real_images(bc: BenchConfig, cfg: ViTConfig, split: str, n: int) -> tuple[t
     """(n, C, H, W) images of `split` of `bc.accuracy_data` prepared at the model's size (grey repeated for RGB),
     and where they came from; random images when there is no such data here."""
     if bc.accuracy_data and n > 0:
-        from ..data import build_eval_data, parse_data_spec
+        from ..data import first_images, parse_data_spec
 
         try:
             dc = parse_data_spec(bc.accuracy_data).replace(expand_channels=cfg.in_chans == 3)
-            loader = build_eval_data(dc, split, img_size=cfg.img_hw, in_chans=cfg.in_chans, batch_size=min(n, 256))
-            batches, got = [], 0
-            for batch in loader:
-                batches.append(batch[0][: n - got])
-                got += len(batches[-1])
-                if got >= n:
-                    break
-            if batches:
-                return torch.cat(batches).float(), f"{bc.accuracy_data}/{split}"
+            images = first_images(dc, split, n, img_size=cfg.img_hw, in_chans=cfg.in_chans)
+            if images is not None:
+                return images, f"{bc.accuracy_data}/{split}"
         except (OSError, ValueError) as e:
             log.info("no %s images of %s (%s): random images instead", split, bc.accuracy_data, e)
     g = torch.Generator().manual_seed(3)

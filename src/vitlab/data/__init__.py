@@ -2,7 +2,7 @@
 WebDataset shards; deterministic, resumable, rank-splittable training streams."""
 
 from .batch_augment import resized_crop_batch, sample_crop_boxes
-from .build import build_eval_data, build_train_stream
+from .build import build_eval_data, build_train_stream, first_images
 from .config import DataConfig, parse_data_spec
 from .errors import DataError
 from .images import BadImageError, BadImageWarning, load_images, preprocess_of, preprocess_transform, transforms_for
@@ -19,6 +19,7 @@ __all__ = [
     "build_eval_data",
     "build_train_stream",
     "class_names",
+    "first_images",
     "imagenet_classes",
     "load_images",
     "parse_data_spec",

@@ -1,10 +1,13 @@
-"""`build_train_stream` / `build_eval_data`: a DataConfig -> batches, whatever the source."""
+"""`build_train_stream` / `build_eval_data`: a DataConfig -> batches, whatever the source; `first_images`: a fixed
+set of real images (calibration, export checks)."""
 
 from __future__ import annotations
 
 import functools
 import os
 from typing import Any
+
+import torch
 
 from .._extras import needs
 from .arrays import ArrayDataset, stratified_holdout
@@ -137,3 +140,16 @@ def build_eval_data(
         from .webds import WebDatasetEvalData
 
     return WebDatasetEvalData(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)
+
+
+def first_images(cfg: DataConfig, split: str, n: int, *, img_size: int | tuple[int, int], in_chans: int
+                 ) -> torch.Tensor | None:
+    """The first `n` preprocessed images of `split` (fewer if it holds fewer) as one float tensor (n, C, H, W),
+    None if it holds none: the fixed real images that calibrate and check an int8 or exported model."""
+    batches, got = [], 0
+    for batch in build_eval_data(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=min(n, 256)):
+        batches.append(batch[0][: n - got])
+        got += len(batches[-1])
+        if got >= n:
+            break
+    return torch.cat(batches).float() if batches else None
