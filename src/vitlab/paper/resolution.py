@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .budget import Job, budget_factor, scale_steps
+from .budget import Job, budget_factor, scale_with_upstream
 from .plan import load_or_make_plan
 from .recipes import data_section, finetune_recipe, model_section
 from .report import Claim, Section, pct, png_bytes
@@ -69,10 +69,7 @@ def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings
         jobs += [Job(model_section("vit", quick, size), s.batch_size, s.steps, k) for size in s.sizes
                  for _ in s.modes]
         factor, probe = budget_factor(jobs, budget_min)
-        s.steps = scale_steps(s.steps, factor)
-        s.upstream_steps = scale_steps(s.upstream_steps, factor)
-        s.warmup = max(1, min(s.warmup, s.steps // 10))
-        s.upstream_warmup = max(1, min(s.upstream_warmup, s.upstream_steps // 10))
+        scale_with_upstream(s, factor)
         return s, probe
 
     return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)

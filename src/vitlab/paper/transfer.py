@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .budget import Job, budget_factor, scale_steps
+from .budget import Job, budget_factor, scale_with_upstream
 from .plan import load_or_make_plan
 from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
 from .subrun import run_or_resume
-from .upstream import HELD_OUT_CLASSES, ensure_upstream, upstream_recipe
+from .upstream import HELD_OUT_CLASSES, UPSTREAM_CLASSES, ensure_upstream, upstream_recipe
 
 NAME = "transfer"
 TASKS = {"fmnist-heldout": "Fashion-MNIST, 4 classes held out of pre-training", "digits": "UCI handwritten digits"}
@@ -87,14 +87,11 @@ def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings
         if budget_min is None:
             return s, {}
         vit = model_section("vit", quick)
-        jobs = [Job(vit, s.upstream_batch, s.upstream_steps, len(HELD_OUT_CLASSES))]
+        jobs = [Job(vit, s.upstream_batch, s.upstream_steps, len(UPSTREAM_CLASSES))]
         jobs += [Job(vit, _batch(s, t, k), s.steps, _num_classes(t)) for t in s.tasks for k in s.labels
                  for _ in ("finetune", "scratch")]
         factor, probe = budget_factor(jobs, budget_min)
-        s.upstream_steps = scale_steps(s.upstream_steps, factor)
-        s.steps = scale_steps(s.steps, factor)
-        s.upstream_warmup = max(1, min(s.upstream_warmup, s.upstream_steps // 10))
-        s.warmup = max(1, min(s.warmup, s.steps // 10))
+        scale_with_upstream(s, factor)
         return s, probe
 
     return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)
