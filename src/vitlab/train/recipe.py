@@ -172,6 +172,12 @@ class TrainSection:
             embeddings are resampled on the grid for each smaller input (the paper's resolution change, Sec. 3.2,
             inside one run); low-resolution steps are several times cheaper. Sizes must be multiples of the
             pixels per token; `until` strictly increasing in (0, 1). null: off.
+        early_stop_every: Early stopping on the held-out val split (needs data.val_fraction > 0): evaluate on it
+            every this many steps and at the last step, keep the weights of the best val top-1, and end the run
+            with them (they are what the final evaluation on `eval_split` scores and what model.safetensors holds).
+            The lr schedule still spans `steps` / `epochs`. 0: off.
+        early_stop_patience: With early_stop_every: stop once this many val evaluations in a row brought no new
+            best (0: run to the end, still ending with the best val weights).
         evaluators: Extra evaluations run during training, each a mapping with a `kind` (see `EVALUATORS`), e.g.
             `[{kind: fewshot, every: 500, shots: [5]}]`: the paper's few-shot linear probe (Sec. 4.1). Their
             numbers go to metrics.jsonl (split: the evaluator's name), TensorBoard and the report.
@@ -201,6 +207,8 @@ class TrainSection:
     eval_max_samples: int | None = None
     time_budget_min: float | None = None
     resize_schedule: list[list[float]] | None = None
+    early_stop_every: int = 0
+    early_stop_patience: int = 0
     evaluators: list[Any] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -216,8 +224,11 @@ class TrainSection:
         if self.batch_size % self.accum_steps:
             raise ValueError(f"train.batch_size {self.batch_size} is not divisible by train.accum_steps "
                              f"{self.accum_steps}")
-        for k in ("eval_every", "checkpoint_every"):
+        for k in ("eval_every", "checkpoint_every", "early_stop_every", "early_stop_patience"):
             _number("train", k, getattr(self, k), lo=0, integer=True)
+        if self.early_stop_patience and not self.early_stop_every:
+            raise ValueError("train.early_stop_patience needs train.early_stop_every > 0 (how often to evaluate on "
+                             "the val split)")
         _number("train", "keep_checkpoints", self.keep_checkpoints, lo=1, integer=True)
         _number("train", "log_every", self.log_every, lo=1, integer=True)
         _number("train", "label_smoothing", self.label_smoothing, lo=0, hi=1)
@@ -393,6 +404,9 @@ class Recipe:
             raise ValueError(f"recipe section 'data' must be a mapping, got {type(data).__name__}")
         if check_data:
             data_config_from_dict(data)  # unknown keys / bad values fail now, not after the model is built
+        if sections["train"].early_stop_every and not data.get("val_fraction"):
+            raise ValueError("train.early_stop_every evaluates on the held-out val split: set data.val_fraction > 0 "
+                             "(e.g. 0.02)")
         return cls(model=ModelSection.from_dict(d.get("model")), data=dict(data), **sections)
 
     def to_dict(self) -> dict[str, Any]:
@@ -430,7 +444,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as e:  # "optim.lr=[1," or "a: b: c": name the override, not the parser's position
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ValueError(f"--set {item!r}: the value is not valid YAML ({problem})") from None
-    return parts, _yaml_numbers(parsed)
+    try:
+        return parts, _yaml_numbers(parsed, ".".join(parts))
+    except RecursiveYAMLError as e:
+        raise RecursiveYAMLError(f"--set {item!r}: {e}") from None
 
 
 def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -452,15 +469,30 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def _yaml_numbers(d: Any) -> Any:
-    """YAML 1.1 (PyYAML) reads "3e-4" as a string; turn such strings back into floats."""
-    if isinstance(d, dict):
-        return {k: _yaml_numbers(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_yaml_numbers(v) for v in d]
-    if isinstance(d, str) and _FLOAT.fullmatch(d.strip()):
-        return float(d)
-    return d
+class RecursiveYAMLError(ValueError):
+    """A YAML document that contains itself: an alias inside the node its anchor names (`a: &x [*x]`), which
+    PyYAML builds as a self-referencing list or dict that no recipe can mean."""
+
+
+def _yaml_numbers(d: Any, where: str = "", _open: dict[int, str] | None = None) -> Any:
+    """YAML 1.1 (PyYAML) reads "3e-4" as a string; turn such strings back into floats.
+
+    Raises:
+        RecursiveYAMLError: a list or mapping contains itself (a recursive anchor); the message names the place.
+    """
+    if not isinstance(d, dict | list):
+        return float(d) if isinstance(d, str) and _FLOAT.fullmatch(d.strip()) else d
+    _open = {} if _open is None else _open  # id -> place of the containers on the path from the top
+    if id(d) in _open:
+        raise RecursiveYAMLError(f"recursive YAML anchor: {where} is an alias of {_open[id(d)] or 'the document'}, "
+                                 f"which contains it (an anchor &name cannot be used as *name inside itself)")
+    _open[id(d)] = where
+    try:
+        if isinstance(d, dict):
+            return {k: _yaml_numbers(v, f"{where}.{k}" if where else str(k), _open) for k, v in d.items()}
+        return [_yaml_numbers(v, f"{where}[{i}]", _open) for i, v in enumerate(d)]
+    finally:
+        del _open[id(d)]  # the same node reached again by another path (a reused anchor) is fine
 
 
 def read_recipe_dict(path: str | os.PathLike) -> dict[str, Any]:
@@ -476,7 +508,10 @@ def read_recipe_dict(path: str | os.PathLike) -> dict[str, Any]:
         d = {}
     if not isinstance(d, dict):
         raise ValueError(f"recipe {path} must be a mapping with sections {list(SECTIONS)}")
-    return _yaml_numbers(d)
+    try:
+        return _yaml_numbers(d)
+    except RecursiveYAMLError as e:
+        raise RecursiveYAMLError(f"recipe {path}: {e}") from None
 
 
 def load_recipe(path: str | os.PathLike, overrides: list[str] | None = None, *, check_data: bool = True) -> Recipe:

@@ -31,6 +31,7 @@ from . import checkpoint as ckpt
 from .build import build_model, data_config_with_init, trained_preprocess
 from .distributed import (
     DistInfo,
+    all_true,
     barrier,
     full_state_dict,
     gather_objects,
@@ -83,6 +84,9 @@ class RunState:
     images_seen: int = 0
     train_time_s: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
+    best_val_top1: float | None = None  # early stopping: the best val top-1 so far, its step, evaluations since
+    best_step: int = 0
+    evals_since_best: int = 0
 
 
 @dataclass
@@ -105,6 +109,8 @@ class TrainResult(Result):
         evaluators: The last row of each `train.evaluators` entry, by name.
         bad_data: Bad files skipped (or replaced) by this process, by data ("train", "eval"): {"num_skipped",
             "skipped": the first `vitlab.data.workers.MAX_REPORTED` {"path", "reason"}} (main process).
+        best_step, best_val_top1: With `train.early_stop_every`: the step whose weights the run ended with and
+            their val top-1.
     """
 
     status: str
@@ -125,6 +131,8 @@ class TrainResult(Result):
     mfu: float | None = None
     evaluators: dict[str, dict[str, Any]] = field(default_factory=dict)
     bad_data: dict[str, dict[str, Any]] = field(default_factory=dict)
+    best_step: int | None = None
+    best_val_top1: float | None = None
 
 
 class Run:
@@ -172,13 +180,16 @@ class Run:
         self.classes = list(getattr(stream, "classes", None) or [str(i) for i in range(self.num_classes)])
         self.eval_data = eval_data
         self.evaluators: dict[str, Any] = {}  # name -> runner (main process only)
+        self.val_data: Any = None  # early stopping's split (main process only)
         if info.is_main:
             kw: dict[str, Any] = dict(img_size=cfg.img_size, in_chans=cfg.in_chans,
                                       batch_size=tr.eval_batch_size or micro)
-            if eval_data is None or tr.evaluators:
+            if eval_data is None or tr.evaluators or tr.early_stop_every:
                 self.data_cfg = self.data_cfg or data_config_with_init(self.recipe)
             if eval_data is None:
                 self.eval_data = build_eval_data(self.data_cfg, tr.eval_split, **kw)
+            if tr.early_stop_every:
+                self.val_data = build_eval_data(self.data_cfg, "val", **kw)
             for r in build_evaluators(tr.evaluators, self.data_cfg, device=info.device, precision=self.precision, **kw):
                 self.evaluators[r.name] = r
         self.total_steps = tr.steps or max(1, math.ceil(tr.epochs * stream.epoch_size / tr.batch_size))
@@ -196,6 +207,9 @@ class Run:
                                  f"{model.patch_embed.pixel_patch} pixels per token")
         if tr.grad_checkpointing:
             model.set_grad_checkpointing(True)
+        if tr.early_stop_every and tr.parallel == "fsdp" and info.distributed:
+            raise ValueError("train.early_stop_every keeps the best weights in the main process: use parallel: ddp")
+        self.best_weights: dict[str, torch.Tensor] | None = None  # early stopping's kept weights (main process)
         self.state = RunState()
         self.resumed_from: str | None = None
         saved: dict[str, Any] = {}
@@ -218,6 +232,7 @@ class Run:
             if self.ema is not None:
                 self.ema.load_state_dict(saved["ema"])
             self.state = RunState(**saved["run"])
+            self.best_weights = saved.get("best")
             self.stream.load_state_dict(saved["data"][rank])
             set_rng_state(saved["rng"][rank])
         else:
@@ -424,6 +439,32 @@ class Run:
         barrier(info)
         return result
 
+    def select(self) -> bool:
+        """Early stopping: evaluate on the val split, keep the weights if their top-1 is the best so far; whether
+        to stop (`train.early_stop_patience` evaluations in a row without a new best). Every rank calls."""
+        tr, info, state = self.tr, self.info, self.state
+        stop = False
+        m = self.eval_model()
+        if info.is_main:
+            r = evaluate(m, self.val_data, self.num_classes, device=info.device, precision=self.precision)
+            self.log({"step": state.step, "split": "eval_val", "top1": r.top1, "top5": r.top5, "loss": r.loss,
+                      "train_time_s": state.train_time_s})
+            if state.best_val_top1 is None or r.top1 > state.best_val_top1:
+                state.best_val_top1, state.best_step, state.evals_since_best = r.top1, state.step, 0
+                self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}
+            else:
+                state.evals_since_best += 1
+            stop = bool(tr.early_stop_patience) and state.evals_since_best >= tr.early_stop_patience
+            logger.info("step %d: val top-1 %.2f%% (best %.2f%% at step %d)", state.step, 100 * r.top1,
+                        100 * state.best_val_top1, state.best_step)
+        return not all_true(not stop, info)
+
+    def restore_best(self) -> None:
+        """Early stopping: put the kept (best val) weights into the evaluated model (main process)."""
+        if self.best_weights is not None and self.info.is_main:
+            target = self.ema.module if self.ema is not None else self.model
+            target.load_state_dict(self.best_weights)
+
     def run_evaluators(self, final: bool = False) -> None:
         """The recipe's evaluators due at this step (all of them when `final`); every rank calls."""
         step = self.state.step
@@ -453,7 +494,8 @@ class Run:
             plain = create_model(self.model.cfg)
             plain.load_state_dict(sd)
         train_state = {"optimizer": opt_sd, "run": state.__dict__, "data": data_states, "rng": rngs,
-                       "ema": self.ema.state_dict() if self.ema is not None else None, "world_size": info.world_size}
+                       "ema": self.ema.state_dict() if self.ema is not None else None, "world_size": info.world_size,
+                       "best": self.best_weights}
         step = state.step
         self.check_finite(f"the checkpoint of step {step}", weights=plain.state_dict(), optimizer_state=opt_sd,
                           ema=train_state["ema"])
@@ -474,6 +516,8 @@ class Run:
         out = TrainResult(status=status, step=s.step, total_steps=self.total_steps, skipped_steps=s.skipped_steps,
                           images_seen=s.images_seen, train_time_s=s.train_time_s, run_dir=str(self.run_dir),
                           resumed_from=self.resumed_from, world_size=info.world_size, precision=self.precision)
+        if self.tr.early_stop_every:
+            out.best_step, out.best_val_top1 = s.best_step, s.best_val_top1
         m = self.eval_model() if status.startswith("completed") else None  # every rank (FSDP gathers)
         if not info.is_main:
             return out
