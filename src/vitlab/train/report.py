@@ -4,18 +4,31 @@ Markdown, all read back from metrics.jsonl so a resumed run's report covers the 
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, TextIO
 
 from .._extras import needs
 from ..io import write_atomic
 
+logger = logging.getLogger("vitlab.train")
 
-def open_metrics(path: str | Path) -> TextIO:
-    """metrics.jsonl opened for appending. A row torn by a kill mid-write is ended first, so that the next row
-    starts a line of its own: `read_metrics` then drops only the torn row, not the first one after a resume."""
+
+def open_metrics(path: str | Path, resumed_at: int | None = None, *, again_at_step: Collection[str] = ()) -> TextIO:
+    """metrics.jsonl opened for appending.
+
+    A run that goes on from its checkpoint of step `resumed_at` logs the steps after it again: the rows an earlier
+    process wrote for them (after that checkpoint, before it was stopped) are dropped first, as TensorBoard's
+    `purge_step` drops their events, so that each step's row is in the file once, in order. Rows at `resumed_at`
+    itself were written before its checkpoint and stay, except those of the splits `again_at_step` (a run resumed
+    at its last step evaluates again). A line that is not a JSON row (torn by a kill mid-write) goes too.
+    A torn row left at the end otherwise is ended first, so that the next row starts a line of its own.
+    """
     p = Path(path)
+    if resumed_at is not None and p.is_file():
+        _drop_replayed(p, resumed_at, set(again_at_step))
     torn = False
     if p.is_file() and p.stat().st_size:
         with open(p, "rb") as tail:
@@ -27,11 +40,33 @@ def open_metrics(path: str | Path) -> TextIO:
     return f
 
 
+def _drop_replayed(path: Path, resumed_at: int, again_at_step: set[str]) -> None:
+    """Rewrite metrics.jsonl (atomically) without the rows a run resumed at step `resumed_at` writes again."""
+
+    def replayed(line: str) -> bool:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            return True  # a row torn by a kill mid-write: the last one written, after the checkpoint
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int) or isinstance(row["step"], bool):
+            return False
+        step = row["step"]
+        return step > resumed_at or (step == resumed_at and str(row.get("split", "train")) in again_at_step)
+
+    lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    kept = [line for line in lines if not replayed(line)]
+    if len(kept) < len(lines):
+        write_atomic(path, "".join(line + "\n" for line in kept), overwrite=True)
+        logger.info("%s: dropped %d rows logged after the checkpoint of step %d (this run logs them again)", path,
+                    len(lines) - len(kept), resumed_at)
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl as every reader should see them (the report, the curves, `train`'s
     result): one row per (split, step), in step order.
 
-    A resumed run replays the steps after its checkpoint and appends their rows again: the row written last wins.
+    A resumed run replays the steps after its checkpoint and appends their rows again (`open_metrics` drops the
+    earlier ones first; in a file from before it did, or a copy merged by hand): the row written last wins.
     A line torn by a kill mid-write (or anything else that is not a JSON object with an integer step) is skipped.
     """
     rows: dict[tuple[str, int], dict[str, Any]] = {}

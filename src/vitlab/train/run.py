@@ -277,10 +277,15 @@ class Run:
             write_recipe(self.run_dir, self.recipe)
         from .report import open_metrics
 
-        self.metrics_f = open_metrics(self.run_dir / "metrics.jsonl")  # closed in close()
-        # events at and after this step from an earlier process of the run (replayed now) are dropped by TensorBoard
+        # the rows and events an earlier process of the run wrote after the checkpoint this one goes on from (step
+        # S; 0 for a run started again) are dropped: they are logged again. Step S's own were written before its
+        # checkpoint and stay (but the final evaluation's, at the last step, is done again), so TensorBoard purges
+        # from S + 1 (its purge_step drops events at and after it).
+        step, tr = self.state.step, self.tr
+        again = {f"eval_{tr.eval_split}", *(e.name for e in tr.evaluators)} if step >= self.total_steps else set()
+        self.metrics_f = open_metrics(self.run_dir / "metrics.jsonl", step, again_at_step=again)  # closed in close()
         with writing(self.run_dir / "tb"):  # it writes its first event file at once
-            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=self.state.step)
+            self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=step + 1)
         if progress:
             from tqdm import tqdm
 
