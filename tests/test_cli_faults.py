@@ -309,6 +309,35 @@ def test_broken_yaml_in_set_names_the_override(command, item, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("text,where", [
+    ("model: {name: ViT-Ti/16}\nlist: &x [1, *x]\n", "list[1] is an alias of list,"),
+    ("model: &m {name: ViT-Ti/16, inner: {self: *m}}\n", "model.inner.self is an alias of model,"),
+    ("&top {model: {name: ViT-Ti/16}, again: *top}\n", "again is an alias of the document,"),
+])
+def test_a_recursive_yaml_anchor_is_named_not_a_recursion_error(text, where, tmp_path, capsys):
+    """An alias inside its own anchor makes PyYAML build a list / dict that contains itself: that used to end in
+    "maximum recursion depth exceeded"; now the file and the place are named."""
+    recipe = tmp_path / "loop.yaml"
+    recipe.write_text(text)
+    capsys.readouterr()
+    assert main(["train", str(recipe), "-o", str(tmp_path / "run")]) == 1
+    _one_line_error(capsys.readouterr().err, "train", f"recipe {recipe}: recursive YAML anchor: {where}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recursive_yaml_anchor_in_set_and_a_reused_one(tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["train", RECIPE, "-o", str(tmp_path / "run"), "--set", "optim.betas=&x [*x]"]) == 1
+    _one_line_error(capsys.readouterr().err, "train", "--set 'optim.betas=&x [*x]': recursive YAML anchor: "
+                    "optim.betas[0] is an alias of optim.betas")
+    from vitlab.train.recipe import read_recipe_dict
+
+    reused = tmp_path / "reused.yaml"  # the same anchor used twice, not inside itself: fine
+    reused.write_text("model: {name: ViT-Ti/16}\nx: &s {lr: 1e-3}\noptim: *s\nschedule: *s\n")
+    assert read_recipe_dict(reused) == {"model": {"name": "ViT-Ti/16"}, "x": {"lr": 1e-3}, "optim": {"lr": 1e-3},
+                                        "schedule": {"lr": 1e-3}}
+
+
 # -- Ctrl-C ---------------------------------------------------------------------------------------------------------
 
 
@@ -508,6 +537,27 @@ def test_every_bad_checkpoint_is_one_line_for_every_command(command, bad_inputs,
         assert main(_with_checkpoint(command, bad, image, tmp_path / "out")) == 1, name
         _one_line_error(capsys.readouterr().err, command)
         assert list(tmp_path.iterdir()) == [], name  # nothing written
+
+
+@pytest.mark.parametrize("saved,found", [({0: "zeros"}, "1 non-string key: 0 (int)"),
+                                         ({"model": {"cls_token": "zeros", 1: "zeros", (2, 3): "zeros"}},
+                                          "2 non-string keys: 1 (int), (2, 3) (tuple)")])
+def test_a_pth_with_non_string_keys_is_one_line_naming_them(saved, found, image, tmp_path, capsys):
+    """torch.save({0: tensor}) (a dict of tensors by number, not a state dict) was an AttributeError traceback."""
+    import torch
+
+    def tensors(d):
+        return {k: tensors(v) if isinstance(v, dict) else torch.zeros(1) for k, v in d.items()}
+
+    bad = tmp_path / "numbered.pth"
+    torch.save(tensors(saved), bad)
+    out = tmp_path / "out"
+    for command in ("convert", "eval", "predict", "analyze", "export", "fewshot", "train"):
+        capsys.readouterr()
+        assert main(_with_checkpoint(command, str(bad), image, out)) == 1, command
+        _one_line_error(capsys.readouterr().err, command, f"{bad}: not a state dict", "keys must be tensor names "
+                        "(strings)", found)
+        assert sorted(tmp_path.iterdir()) == [bad], command  # nothing written
 
 
 @pytest.mark.parametrize("argv", [

@@ -7,6 +7,8 @@ import functools
 from importlib import resources
 from typing import Any
 
+from ..weights.ours import stored_class_names
+
 IMAGENET_1K = "imagenet-1k"
 
 
@@ -24,10 +26,9 @@ def class_names(meta: dict[str, Any], num_classes: int) -> list[str]:
     """Names for a checkpoint's outputs: stored ones ("classes" from `vitlab train`, "class_names" from a
     transformers or timm config), else ImageNet-1k's for a 1000-class head (or labels "imagenet-1k"), else
     the indices as strings."""
-    for key in ("classes", "class_names"):
-        names = meta.get(key)
-        if isinstance(names, list | tuple) and len(names) == num_classes:
-            return [str(n) for n in names]
+    names = stored_class_names(meta, num_classes)
+    if names is not None:
+        return names
     if num_classes == 1000 and meta.get("labels", IMAGENET_1K) == IMAGENET_1K:
         return list(imagenet_classes())
     return [str(i) for i in range(num_classes)]

@@ -38,7 +38,8 @@ class Checkpoint:
         config: The full ViTConfig when the file carries one (ours, or ours beside it).
         known: Config fields the file states outright (transformers config.json, heads of a .npz).
         grid: The checkpoint's position-embedding grid, when its config fixes it.
-        meta: Free-form metadata stored with it (ours: what `save_weights` was given; transformers: class names).
+        meta: Free-form metadata stored with it (ours: what `save_weights` was given; transformers, timm and
+            torchvision: "class_names" from id2label, label_names or the header `export` wrote).
         default_resize: Position-embedding resampling mode native to the format.
         preprocess: The input preprocessing the weights expect, from the file (ours: its header; transformers:
             preprocessor_config.json; timm hub: config.json's pretrained_cfg) or the format's convention (vit_jax
@@ -129,9 +130,13 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             meta = ours.read_meta(path)
             return Checkpoint(path, "vitlab", timm.to_ours(tensors, src), config=cfg, grid=cfg.grid_size,
                               meta=meta, preprocess=ours.read_preprocess(path, header) or _from_recipe(meta, cfg))
+        names = ours.read_header_class_names(path, header)  # a timm / torchvision file `export` wrote
     else:
         tensors = _unwrap(safety.torch_load(path), src)
+        names = None
     ckpt = _from_tensors(tensors, path)
+    if names:
+        ckpt.meta["class_names"] = names
     _config_beside(ckpt)
     return ckpt
 
@@ -182,6 +187,11 @@ def _unwrap(obj: Any, source: str) -> dict[str, torch.Tensor]:
             obj = inner
     if not isinstance(obj, dict) or not obj:
         raise WeightsError(f"{source}: expected a state dict (name -> tensor), got {type(obj).__name__}")
+    odd = [k for k in obj if not isinstance(k, str)]
+    if odd:  # torch.save({0: tensor}): a list or dict of tensors by number, not a module's state dict
+        shown = ", ".join(f"{k!r} ({type(k).__name__})" for k in odd[:4]) + (", ..." if len(odd) > 4 else "")
+        raise WeightsError(f"{source}: not a state dict: its keys must be tensor names (strings); found "
+                           f"{len(odd)} non-string key{'s' if len(odd) > 1 else ''}: {shown}")
     tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         raise WeightsError(f"{source}: holds no tensors at its top level (keys: {sorted(obj)[:8]})")

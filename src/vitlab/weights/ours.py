@@ -3,7 +3,7 @@
 Header metadata (all strings, as safetensors requires):
     "format": "pt"
     "vitlab.config": the ViTConfig as JSON (`ViTConfig.to_dict()`)
-    "vitlab.meta": free-form JSON from the caller (recipe, metrics, class names, ...)
+    "vitlab.meta": free-form JSON from the caller (recipe, metrics, class names under "classes", ...)
     "vitlab.preprocess": the `Preprocess` the weights expect (`Preprocess.to_dict()` as JSON), when known
     "vitlab.version": the vitlab version that wrote it
 Tensor names are the model's own (timm's), so the file also loads into timm with `load_state_dict`.
@@ -30,6 +30,22 @@ CONFIG_KEY = "vitlab.config"
 META_KEY = "vitlab.meta"
 VERSION_KEY = "vitlab.version"
 PREPROCESS_KEY = "vitlab.preprocess"
+# Where metadata keeps the class names, in label order: `vitlab train` writes "classes"; a transformers id2label, a
+# timm config's label_names and the NAME_HEADERS below are read as "class_names".
+CLASS_NAME_KEYS = ("classes", "class_names")
+# The header entry (a JSON list) that holds the class names in the timm / torchvision .safetensors files `export`
+# writes, each in its library's word (timm's pretrained_cfg "label_names", torchvision's meta "categories").
+NAME_HEADERS = {"timm": "timm.label_names", "torchvision": "torchvision.categories"}
+
+
+def stored_class_names(meta: dict[str, Any], num_classes: int) -> list[str] | None:
+    """The class names a checkpoint's metadata holds for its `num_classes` outputs (None when it holds none, or a
+    list of another length: a head replaced since)."""
+    for key in CLASS_NAME_KEYS:
+        names = meta.get(key)
+        if isinstance(names, list | tuple) and len(names) == num_classes and num_classes:
+            return [str(n) for n in names]
+    return None
 
 
 def save_safetensors(
@@ -122,6 +138,17 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise WeightsError(f"{path}: bad {META_KEY} in the header: a JSON object expected, got {type(data).__name__}")
     return data
+
+
+def read_header_class_names(path: str | Path, header: dict[str, str]) -> list[str] | None:
+    """The class names in a timm / torchvision .safetensors header (`NAME_HEADERS`), or None when it has none."""
+    for key in NAME_HEADERS.values():
+        if key in header:
+            names = _header_json(path, key, header[key])
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise WeightsError(f"{path}: bad {key} in the header: a JSON list of strings expected")
+            return names
+    return None
 
 
 def read_preprocess(path: str | Path, header: dict[str, str] | None = None) -> Preprocess | None:

@@ -259,7 +259,10 @@ def export(
         model: A vitlab VisionTransformer.
         dst: File, or for "hf" a directory.
         to: One of EXPORT_FORMATS.
-        metadata: For "vitlab", stored in the header; for "hf", its "class_names" become id2label.
+        metadata: For "vitlab", stored in the header. Its class names ("classes" as `vitlab train` writes them,
+            or "class_names"; `ours.stored_class_names`) become id2label / label2id for "hf", and a header entry of
+            a "timm" / "torchvision" .safetensors file (`timm.label_names`, `torchvision.categories`: the words
+            those libraries use); a .pth state dict has no place for them (a note says so).
         overwrite: Replace existing files.
 
     Returns:
@@ -276,6 +279,7 @@ def export(
     if any(t.is_meta for t in state.values()):
         raise ValueError("the model is on the meta device (no data); materialise it before saving")
     state = {k: v.detach().to("cpu") for k, v in state.items()}
+    names = ours.stored_class_names(metadata or {}, cfg.num_classes)
     if to in ("vitlab", "npz"):
         want = ".safetensors" if to == "vitlab" else ".npz"
         if dst.suffix != want:
@@ -283,16 +287,15 @@ def export(
         return save_weights(model, dst, metadata if to == "vitlab" else None, overwrite=overwrite), []
     if to == "hf":
         tensors, notes = hf.from_ours(state, cfg, name)
-        meta = metadata or {}
-        _write_hf_dir(dst, tensors, hf.config_to_hf(cfg, meta.get("class_names")),
-                      getattr(model, "preprocess", None), overwrite, notes)
+        _write_hf_dir(dst, tensors, hf.config_to_hf(cfg, names), getattr(model, "preprocess", None), overwrite, notes)
         notes.append(f"load with transformers.ViTForImageClassification.from_pretrained({str(dst)!r})")
         return dst, notes
     if to == "torchvision":
         tensors, notes = torchvision.from_ours(state, cfg, name)
         args = torchvision.model_args(cfg, name)
         _warn_inexact(dst, notes)
-        _write_state(tensors, dst, overwrite, {"torchvision.args": json.dumps(args)})
+        _write_state(tensors, dst, overwrite, {"torchvision.args": json.dumps(args)},
+                     names=(ours.NAME_HEADERS["torchvision"], names), notes=notes)
         builder = torchvision.builder_name(cfg)
         how = "torchvision.models.vision_transformer.VisionTransformer(" + ", ".join(
             f"{k}={v!r}" for k, v in args.items()) + ")"
@@ -307,7 +310,8 @@ def export(
         pos = torch.zeros(1, cfg.seq_len, cfg.embed_dim, dtype=tensors["patch_embed.proj.weight"].dtype)
         pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, cfg.embed_dim).to(pos.dtype)
         tensors["pos_embed"] = pos
-    _write_state(tensors, dst, overwrite, {"timm.architecture": arch, "timm.kwargs": json.dumps(kwargs)})
+    _write_state(tensors, dst, overwrite, {"timm.architecture": arch, "timm.kwargs": json.dumps(kwargs)},
+                 names=(ours.NAME_HEADERS["timm"], names), notes=notes)
     notes.append(f"load with timm.create_model({arch!r}, pretrained=False, **{kwargs!r}).load_state_dict(...)")
     return dst, notes
 
@@ -366,15 +370,24 @@ def timm_args(cfg: ViTConfig, source: str = "model") -> tuple[str, dict[str, Any
     return hybrid_arch, kwargs, notes
 
 
-def _write_state(tensors: dict[str, torch.Tensor], dst: Path, overwrite: bool, header: dict[str, str]) -> None:
-    """A state dict as .safetensors (with `header`) or as a torch.save pickle (.pth / .pt / .bin)."""
+def _write_state(tensors: dict[str, torch.Tensor], dst: Path, overwrite: bool, header: dict[str, str], *,
+                 names: tuple[str, list[str] | None] = ("", None), notes: list[str] | None = None) -> None:
+    """A state dict as .safetensors (with `header`, and the class names `names[1]` under the key `names[0]`) or as
+    a torch.save pickle (.pth / .pt / .bin: tensors only, so known class names are left out with a note)."""
     tensors = {k: v.contiguous() for k, v in tensors.items()}
+    key, class_names = names
     if dst.suffix == ".safetensors":
+        if class_names:
+            header = {**header, key: json.dumps(class_names)}
         with atomic_write(dst, overwrite=overwrite) as tmp:
             save_file(tensors, str(tmp), metadata={"format": "pt", **header})
     elif dst.suffix in (".pth", ".pt", ".bin"):
         with atomic_write(dst, overwrite=overwrite) as tmp:
             torch.save(tensors, tmp)
+        if class_names and notes is not None:
+            shown = ", ".join(class_names[:5]) + (", ..." if len(class_names) > 5 else "")
+            notes.append(f"the class names ({shown}) are not in {dst.name}: a {dst.suffix} state dict holds tensors "
+                         f"only; name it .safetensors to keep them (header {key!r})")
     else:
         raise ValueError(f"{dst}: name the file .safetensors or .pth")
 
