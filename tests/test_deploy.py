@@ -25,6 +25,7 @@ from vitlab.deploy import (  # noqa: E402
     compile_openvino,
     onnx_file,
     openvino_model,
+    ort_int8_format,
     ort_session,
     to_onnxruntime,
     to_openvino,
@@ -159,3 +160,75 @@ def test_calibration_takes_batches_and_pairs_up_to_the_limit():
     out = calibration_batches(data, (1, 8, 8), limit=5)
     assert len(out) == 5 and all(a.shape == (1, 1, 8, 8) and a.dtype == np.float32 for a in out)
     np.testing.assert_array_equal(out[3][0], data[1][0].numpy())
+
+
+# -- ONNX Runtime int8 on CPUs without VNNI (issue 25) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags,machine,seven_bits,why", [
+    ({"sse4_1", "avx2", "fma"}, "x86_64", True, "no VNNI"),  # the 2-core AVX2-only EPYC of issue 25
+    ({"avx2", "avx512f", "avx512bw"}, "x86_64", True, "no VNNI"),  # AVX-512 without VNNI (Skylake-SP)
+    (set(), "AMD64", True, "no VNNI"),  # x86 whose flags cannot be read: the safe side
+    ({"avx2", "avx512f", "avx512_vnni"}, "x86_64", False, "has avx512_vnni"),
+    ({"avx2", "avx_vnni"}, "x86_64", False, "has avx_vnni"),  # AVX-VNNI without AVX-512 (Alder Lake)
+    ({"avx512_vnni", "amx_int8"}, "x86_64", False, "has avx512_vnni, amx_int8"),
+    (set(), "aarch64", False, "not x86"),
+])
+def test_ort_int8_weights_take_7_bits_on_x86_without_vnni(flags, machine, seven_bits, why, tmp_path):
+    fmt = ort_int8_format(flags, machine)
+    assert (fmt.activations, fmt.weights, fmt.reduce_range) == ("QUInt8", "QInt8", seven_bits)
+    assert why in fmt.reason and ("S8 weights in 7 bits (reduce_range)" in str(fmt)) == seven_bits
+    from vitlab.precision import cpu_flags
+
+    info = tmp_path / "cpuinfo"  # the helper reads Linux's flags line (one per core; the first one counts)
+    info.write_text("".join(f"processor\t: {i}\nflags\t\t: fpu {' '.join(sorted(flags))}\n\n" for i in range(2)))
+    assert ort_int8_format(cpu_flags(str(info)), machine) == fmt
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def _weights_int8_range(path) -> tuple[int, int]:
+    """The (min, max) of the quantised weight matrices (int8 initialisers of 2+ dims) of a QDQ graph."""
+    import onnx
+    from onnx import numpy_helper
+
+    ws = [numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer
+          if t.data_type == onnx.TensorProto.INT8 and len(t.dims) >= 2]
+    assert ws, "no int8 weights: not quantised"
+    return min(int(w.min()) for w in ws), max(int(w.max()) for w in ws)
+
+
+def test_ort_int8_without_vnni_is_still_our_model(tmp_path, caplog):
+    """The no-VNNI format forced on this host (which has VNNI): 7-bit weights, and the logits still correlate with
+    fp32 as `vitlab bench` requires (r > 0.9; the 8-bit format saturated to r = 0.869 on an AVX2-only EPYC). An AVX2
+    host computes the same numbers from this graph: its int16 pair sums, 2 x 255 x 64, cannot saturate."""
+    from vitlab.data import DataConfig, build_eval_data
+
+    torch.manual_seed(0)  # the model and data of tests/test_bench_runtimes.py's bench run
+    model = vitlab.create_model("ViT-Ti/16", depth=1, img_size=28, patch_size=7, in_chans=1, num_classes=10).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    cfg = DataConfig(dataset="synthetic")
+    calib = next(iter(build_eval_data(cfg, "train", img_size=28, in_chans=1, batch_size=16)))[0]
+    test = next(iter(build_eval_data(cfg, "test", img_size=28, in_chans=1, batch_size=16)))[0]
+    ref = _logits(model, test)
+
+    def correlation(out):
+        return torch.corrcoef(torch.stack([out.flatten(), ref.flatten()]))[0, 1].item()
+
+    forced, host = ort_int8_format(set(), "x86_64"), ort_int8_format()
+    for name, fmt in (("forced", forced), ("host", host)):
+        path = onnx_file(model, test[:2], tmp_path / name, int8=True, calib=calib, int8_format=fmt)
+        lo, hi = _weights_int8_range(path)
+        if fmt.reduce_range:
+            assert max(-lo, hi) <= 64, (lo, hi)  # 7 bits: ORT's symmetric weight range is [-64, 64]
+        else:
+            assert hi - lo > 127, (lo, hi)  # all 8 bits used: the forced graph differs from the host's
+        out = torch.from_numpy(ort_session(path).run(["logits"], {"images": test.numpy()})[0])
+        assert correlation(out) > 0.9, (name, correlation(out))
+        assert (out - ref).abs().max().item() > 1e-3  # int8 rounding shows: not the fp32 graph
+    with caplog.at_level(logging.INFO, logger="vitlab.deploy"):
+        fast = to_onnxruntime(model, test[:2], int8=True, calib=calib, int8_format=forced)
+    assert fast.module.int8_format == forced and "reduce_range" in repr(fast)  # the choice is visible ...
+    assert f"ONNX Runtime int8 (static): {forced}" in caplog.text  # ... and logged, with its reason
+    assert correlation(_logits(fast, test)) > 0.9

@@ -5,6 +5,7 @@
     fast = to_openvino(model, example, precision="bf16")            # bf16 where the CPU has it (AVX512-BF16, AMX)
     fast = to_openvino(model, example, int8=True, calib=images)     # NNCF post-training quantisation, defaults
     fast = to_onnxruntime(model, example, int8=True, calib=images)  # ORT static QDQ int8 (U8 activations, S8 weights)
+    print(fast.module)                                              # ... with the int8 format chosen for this CPU
     logits = fast(images)                                           # (B, num_classes) fp32 torch tensor
 
 Each returns an `OptimizedModel` (see vitlab.optimize) whose `.module` is a `RuntimeModule` holding the compiled
@@ -15,6 +16,11 @@ int8 needs calibration images: real images prepared the way the model expects ((
 iterable of such batches or of (images, labels) pairs, e.g. `vitlab.data.build_eval_data(...)`); NNCF's default
 takes 300 of them. OpenVINO's graph comes from the PyTorch model directly (`openvino.convert_model`, which keeps
 `scaled_dot_product_attention` as one op); ONNX Runtime's from `vitlab.export.export_onnx` (torch.onnx, dynamo).
+
+ONNX Runtime's static int8 format depends on the CPU (`ort_int8_format`): on x86 without VNNI its U8S8 kernels add
+pairs of u8 x s8 products in int16, which 8-bit weights can saturate, so the weights take 7 bits there
+(`reduce_range`, as onnxruntime.quantization's guide for such CPUs says); the choice and its reason are logged
+("vitlab.deploy") and shown by the module.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import platform
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +42,16 @@ from torch import nn
 
 from ._extras import require
 from .optimize import OptimizedModel
+from .precision import cpu_flags
 
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # ours -> OpenVINO's INFERENCE_PRECISION_HINT
 ORT_INT8_METHODS = ("static", "dynamic")
 DEFAULT_CALIB_IMAGES = 300  # NNCF's default subset_size
+# x86 flags of an int8 dot product that accumulates in int32 (VPDPBUSD of AVX512-VNNI or AVX-VNNI; AMX-INT8 tiles)
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+_X86 = ("x86_64", "amd64", "i386", "i686", "x86")
+
+log = logging.getLogger("vitlab.deploy")
 
 
 class RuntimeModule(nn.Module):
@@ -47,14 +61,16 @@ class RuntimeModule(nn.Module):
         runtime: "openvino" or "onnxruntime".
         precision: "fp32", "bf16" or "int8" (what the runtime computes in).
         chw: The (C, H, W) the graph was built for.
+        int8_format: ONNX Runtime int8: the format it was quantised in, and why (`ort_int8_format`); else None.
     """
 
     def __init__(self, run: Callable[[np.ndarray], np.ndarray], runtime: str, precision: str,
-                 chw: tuple[int, int, int], keep: Any = None):
+                 chw: tuple[int, int, int], keep: Any = None, int8_format: OrtInt8Format | None = None):
         super().__init__()
         self._run = run
         self._keep = keep  # what the runtime needs alive (its compiled model or session)
         self.runtime, self.precision, self.chw = runtime, precision, chw
+        self.int8_format = int8_format
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or tuple(x.shape[1:]) != self.chw:
@@ -64,7 +80,8 @@ class RuntimeModule(nn.Module):
         return torch.from_numpy(np.asarray(self._run(a), dtype=np.float32)).to(x.device)  # (B, num_classes)
 
     def extra_repr(self) -> str:
-        return f"runtime={self.runtime!r}, precision={self.precision!r}, chw={self.chw}"
+        fmt = f", int8_format='{self.int8_format}'" if self.int8_format is not None else ""
+        return f"runtime={self.runtime!r}, precision={self.precision!r}, chw={self.chw}{fmt}"
 
 
 # -- inputs ------------------------------------------------------------------------------------------------
@@ -241,11 +258,59 @@ def save_openvino(ov_model: Any, path: str | Path) -> None:
 # -- ONNX Runtime ------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class OrtInt8Format:
+    """How `quantize_onnx` quantises for ONNX Runtime, and why (`ort_int8_format` chooses it for a CPU).
+
+    Attributes:
+        activations, weights: onnxruntime.quantization.QuantType names ("QUInt8", "QInt8").
+        reduce_range: Weights in 7 bits (|w| <= 64) instead of 8.
+        reason: Why this format on this CPU.
+    """
+
+    activations: str
+    weights: str
+    reduce_range: bool
+    reason: str
+
+    def __str__(self) -> str:
+        bits = "7 bits (reduce_range)" if self.reduce_range else "8 bits"
+        names = {"QUInt8": "U8", "QInt8": "S8"}
+        return (f"{names.get(self.activations, self.activations)} activations, {names.get(self.weights, self.weights)}"
+                f" weights in {bits}: {self.reason}")
+
+
+def ort_int8_format(flags: Collection[str] | None = None, machine: str | None = None) -> OrtInt8Format:
+    """The int8 format for ONNX Runtime on a CPU with these /proc/cpuinfo `flags` and this `platform.machine()`
+    (default: this CPU's, `vitlab.precision.cpu_flags`).
+
+    U8 activations and S8 weights everywhere (onnxruntime.quantization's guide for x86 CPUs; the ARM kernels take
+    them too). On x86 without VNNI, ONNX Runtime's U8S8 kernels multiply with VPMADDUBSW, which adds two u8 x s8
+    products into an int16 and saturates: 2 x 255 x 127 = 64770 does not fit in 32767. The guide says to quantise
+    the weights to 7 bits there (`reduce_range`): 2 x 255 x 64 = 32640 fits. With VNNI (VPDPBUSD accumulates in
+    int32) or AMX-INT8 nothing saturates and the weights keep their 8 bits. An x86 CPU whose flags cannot be read
+    (no /proc/cpuinfo) is taken to have no VNNI: 7 bits cost little accuracy, saturation can cost much.
+    """
+    arch = (machine if machine is not None else platform.machine()).lower()
+    if arch not in _X86:
+        return OrtInt8Format("QUInt8", "QInt8", False, f"{arch or 'this CPU'} is not x86: no int16 saturation")
+    flags = cpu_flags() if flags is None else flags
+    have = [f for f in VNNI_FLAGS if f in flags]
+    if have:
+        return OrtInt8Format("QUInt8", "QInt8", False, f"the CPU has {', '.join(have)}: int8 products add up "
+                                                        "in int32, nothing saturates")
+    return OrtInt8Format("QUInt8", "QInt8", True, f"the CPU has no VNNI ({', '.join(VNNI_FLAGS)}): ONNX Runtime's "
+                                                  "U8S8 kernels add u8 x s8 pairs in int16, which 8-bit weights can "
+                                                  "saturate")
+
+
 def onnx_file(model: nn.Module, example: torch.Tensor, folder: Path, *, int8: bool = False, calib: Any = None,
-              method: str = "static", calib_images: int = DEFAULT_CALIB_IMAGES) -> Path:
+              method: str = "static", calib_images: int = DEFAULT_CALIB_IMAGES,
+              int8_format: OrtInt8Format | None = None) -> Path:
     """Write `model` as ONNX into `folder` (fp32, `vitlab.export.export_onnx`) and, with `int8`, quantise it with
     onnxruntime.quantization: "static" = QDQ, U8 activations calibrated (min-max) on `calib`, S8 weights per
-    output channel; "dynamic" = S8 weights, activations quantised per call. Returns the path of the file to run."""
+    output channel; "dynamic" = S8 weights, activations quantised per call; the weights in 7 bits where
+    `int8_format` (default: `ort_int8_format()` of this CPU) says so. Returns the path of the file to run."""
     from .export import export_onnx
 
     if method not in ORT_INT8_METHODS:
@@ -259,22 +324,28 @@ def onnx_file(model: nn.Module, example: torch.Tensor, folder: Path, *, int8: bo
     export_onnx(model.eval(), fp32, img_size=chw[1:], verify_batches=(), overwrite=True)  # type: ignore[arg-type]
     if not int8:
         return fp32
-    return quantize_onnx(fp32, Path(folder) / "model.int8.onnx", data, method)
+    return quantize_onnx(fp32, Path(folder) / "model.int8.onnx", data, method, int8_format)
 
 
-def quantize_onnx(src: Path, dest: Path, calib: list[np.ndarray] | None, method: str = "static") -> Path:
+def quantize_onnx(src: Path, dest: Path, calib: list[np.ndarray] | None, method: str = "static",
+                  int8_format: OrtInt8Format | None = None) -> Path:
     """onnxruntime.quantization of the fp32 graph `src` into `dest`: "static" = QDQ, U8 activations calibrated
     (min-max) on `calib` ((1, C, H, W) arrays), S8 weights per output channel; "dynamic" = S8 weights per output
-    channel, activations quantised per call."""
+    channel, activations quantised per call. The weights take 7 bits where `int8_format` (default:
+    `ort_int8_format()`, this CPU's) says so; the format and its reason are logged at INFO."""
     from onnxruntime import quantization as q
 
+    fmt = int8_format or ort_int8_format()
+    log.info("ONNX Runtime int8 (%s): %s", method, fmt)
     with _quiet():
         if method == "dynamic":
-            q.quantize_dynamic(src, dest, per_channel=True, weight_type=q.QuantType.QInt8)
+            q.quantize_dynamic(src, dest, per_channel=True, weight_type=getattr(q.QuantType, fmt.weights),
+                               reduce_range=fmt.reduce_range)
         else:
             # memory: the calibration graph reduces each tensor to its min and max inside the graph
             q.quantize_static(src, dest, _Reader(calib or []), quant_format=q.QuantFormat.QDQ, per_channel=True,
-                              activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+                              activation_type=getattr(q.QuantType, fmt.activations),
+                              weight_type=getattr(q.QuantType, fmt.weights), reduce_range=fmt.reduce_range)
     return dest
 
 
@@ -300,8 +371,8 @@ def ort_session(path: str | Path, threads: int | None = None) -> Any:
 
 
 def to_onnxruntime(model: nn.Module, example: torch.Tensor, *, int8: bool = False, calib: Any = None,
-                   method: str = "static", threads: int | None = None, calib_images: int = DEFAULT_CALIB_IMAGES
-                   ) -> OptimizedModel:
+                   method: str = "static", threads: int | None = None, calib_images: int = DEFAULT_CALIB_IMAGES,
+                   int8_format: OrtInt8Format | None = None) -> OptimizedModel:
     """`model` exported to ONNX and run by ONNX Runtime's CPU provider, behind vitlab.optimize's contract.
 
     Args:
@@ -310,16 +381,19 @@ def to_onnxruntime(model: nn.Module, example: torch.Tensor, *, int8: bool = Fals
         int8: Quantise (onnxruntime.quantization, `method` "static" with `calib`, or "dynamic").
         calib: Calibration images (see `calibration_batches`); needed for static int8.
         threads: Intra-op threads (default: torch's).
+        int8_format: The int8 format (default: `ort_int8_format()`, chosen for this CPU); the returned module's
+            `.module.int8_format` says which was used and why.
 
     Raises:
         MissingExtraError: onnx / onnxruntime / onnxscript is not installed (`pip install 'vitlab[export]'`).
         ValueError: Bad inputs or a model the exporter cannot express.
     """
     chw = _chw(model, example)
+    fmt = (int8_format or ort_int8_format()) if int8 else None
     with tempfile.TemporaryDirectory(prefix="vitlab-ort-") as tmp:
         try:
             path = onnx_file(model, example, Path(tmp), int8=int8, calib=calib, method=method,
-                             calib_images=calib_images)
+                             calib_images=calib_images, int8_format=fmt)
         except (ValueError, ImportError):
             raise
         except Exception as e:
@@ -331,5 +405,5 @@ def to_onnxruntime(model: nn.Module, example: torch.Tensor, *, int8: bool = Fals
         return session.run([name], {"images": x})[0]
 
     mode = "ort-int8" if int8 else "ort"
-    return OptimizedModel(RuntimeModule(run, "onnxruntime", "int8" if int8 else "fp32", chw, keep=session), mode,
-                          torch.float32)
+    return OptimizedModel(RuntimeModule(run, "onnxruntime", "int8" if int8 else "fp32", chw, keep=session,
+                                        int8_format=fmt), mode, torch.float32)

@@ -121,11 +121,12 @@ def export_onnx(
     model = model.eval()
     example = torch.randn(2, cfg.in_chans, h, w)  # (B, C, H, W); B=2 so it is not specialised
     batch = torch.export.Dim("batch", min=1, max=4096)
-    data = None
+    data, fmt = None, None
     if int8:
-        from .deploy import calibration_batches
+        from .deploy import calibration_batches, ort_int8_format
 
         data = calibration_batches(calib, (cfg.in_chans, h, w), calib_images)  # bad images: said before the work
+        fmt = ort_int8_format()  # 7-bit weights on x86 without VNNI (saturation); in the report's notes
 
     def write(tmpdir: Path) -> Path:
         tmp = tmpdir / path.name
@@ -141,7 +142,7 @@ def export_onnx(
             from .deploy import quantize_onnx
 
             fp32 = tmp.replace(tmpdir / "fp32.onnx.tmp")
-            quantize_onnx(fp32, tmp, data, "static")
+            quantize_onnx(fp32, tmp, data, "static", fmt)
             fp32.unlink()
         return tmp
 
@@ -151,9 +152,12 @@ def export_onnx(
         session = ort_session(tmp)
         return lambda x: session.run(["logits"], {"images": x})[0]
 
-    return _export(model, path, "onnx", "int8" if int8 else "fp32", ("batch", cfg.in_chans, h, w), write, runner,
-                   overwrite=overwrite, verify_batches=verify_batches, atol=atol, verify_images=verify_images,
-                   verify_source=verify_source, min_agreement=min_agreement)
+    report = _export(model, path, "onnx", "int8" if int8 else "fp32", ("batch", cfg.in_chans, h, w), write, runner,
+                     overwrite=overwrite, verify_batches=verify_batches, atol=atol, verify_images=verify_images,
+                     verify_source=verify_source, min_agreement=min_agreement)
+    if fmt is not None:
+        report.notes.append(f"int8 format: {fmt}")
+    return report
 
 
 def export_openvino(

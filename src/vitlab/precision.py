@@ -34,13 +34,23 @@ _clock = time.perf_counter  # the timer of `time_interleaved` (tests replace it 
 
 
 @functools.cache
-def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them in /proc/cpuinfo ("avx2", "avx512_vnni", "amx_bf16", ...);
+    empty where there is no such file or no x86 "flags" line in it (another OS; ARM lists "Features")."""
     try:
         with open(cpuinfo, encoding="utf-8") as f:
-            return any(line.startswith("flags") and "amx_bf16" in line.split() for line in f)
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
     except OSError:
-        return False
+        pass
+    return frozenset()
+
+
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
+    return "amx_bf16" in cpu_flags(cpuinfo)
 
 
 def _check(precision: str) -> None:
