@@ -4,7 +4,8 @@ Per-sample crop boxes follow torchvision's RandomResizedCrop (area fraction unif
 ratio uniform in `ratio`, 10 tries, then a centre crop), drawn for the whole batch at once. The sampling grid
 reproduces "crop, then bilinear resize with align_corners=False" exactly, i.e. what
 `torchvision.transforms.v2.functional.resized_crop(..., antialias=False)` computes image by image, and a
-flip is the same grid read right to left.
+flip is the same grid read right to left. The streams pass `antialias=True`: a downsample (Fashion-MNIST's 28 px
+read at 16 px) is low-passed first, as torchvision's default antialiased resize is, instead of aliasing.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def _axis(start: np.ndarray, length: np.ndarray, out: int, full: int) -> np.ndar
 
 
 def resized_crop_batch(
-    x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int], flip: torch.Tensor | None = None
+    x: torch.Tensor, boxes: torch.Tensor, out_hw: tuple[int, int], flip: torch.Tensor | None = None,
+    antialias: bool = False,
 ) -> torch.Tensor:
     """Crop each image to its box and resize it bilinearly to out_hw, flipping where `flip` is set.
 
@@ -105,12 +107,22 @@ def resized_crop_batch(
         boxes: int64 (B, 4) top, left, h, w.
         out_hw: Output (h, w).
         flip: bool (B,), mirror left-right after the resize.
+        antialias: Where every box shrinks (a downsample), low-pass first as torchvision's antialiased resize
+            does, so a downsampled image holds the average of the pixels it covers instead of a 2x2 sample of
+            them. Whole-image boxes give exactly `F.interpolate(..., antialias=True)` (torchvision's `Resize`);
+            crops are shrunk over the batch by the smallest factor any of them needs, then sampled as without
+            antialiasing. Upsampling is unchanged.
 
     Returns:
         float32 (B, C, out_h, out_w) on the input's value scale.
     """
     B, _, H, W = x.shape
     oh, ow = out_hw
+    if antialias and B:
+        x, boxes, done = _shrink_for(x, boxes, out_hw)
+        if done:  # whole images, already at out_hw
+            return torch.where(flip[:, None, None, None], torch.flip(x, dims=[-1]), x) if flip is not None else x
+        B, _, H, W = x.shape
     b = boxes.numpy()
     gx = _axis(b[:, 1], b[:, 3], ow, W)  # (B, ow)
     gy = _axis(b[:, 0], b[:, 2], oh, H)  # (B, oh)
@@ -121,6 +133,26 @@ def resized_crop_batch(
     grid[..., 1] = gy[:, :, None]
     return F.grid_sample(x.float(), torch.from_numpy(grid), mode="bilinear", padding_mode="border",
                          align_corners=False)
+
+
+def _shrink_for(x: torch.Tensor, boxes: torch.Tensor,
+                out_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Antialiased pre-shrink of a batch whose boxes all downsample: (images, boxes, done). Whole-image boxes:
+    the images resized to out_hw (done); crops: the images shrunk by the smallest factor of the batch and the
+    boxes in the shrunk image's pixels (float64); nothing to shrink: both unchanged."""
+    _, _, H, W = x.shape
+    oh, ow = out_hw
+    b = boxes.numpy().astype(np.float64)
+    fy, fx = float((b[:, 2] / oh).min()), float((b[:, 3] / ow).min())  # the smallest shrink of any box
+    if fy <= 1.0 and fx <= 1.0:
+        return x, boxes, False
+    if (b == np.array([0, 0, H, W])).all():  # whole images: torchvision's antialiased Resize, exactly
+        return F.interpolate(x.float(), size=(oh, ow), mode="bilinear", align_corners=False, antialias=True), \
+            boxes, True
+    nh, nw = max(round(H / max(fy, 1.0)), 1), max(round(W / max(fx, 1.0)), 1)
+    small = F.interpolate(x.float(), size=(nh, nw), mode="bilinear", align_corners=False, antialias=True)
+    scale = np.array([nh / H, nw / W, nh / H, nw / W])
+    return small, torch.from_numpy(b * scale), False
 
 
 def center_crop_batch(x: torch.Tensor, out_hw: tuple[int, int], crop_fraction: float) -> torch.Tensor:

@@ -201,14 +201,14 @@ class ArrayTrainStream(TrainStream):
         x = self.images[idx]  # uint8 (B, C, H, W)
         resample = cfg.inception_crop or flip is not None or self.out_hw != (H, W)
         if self.randaug is not None:  # RandAugment works on uint8 pixels: crop first, normalise last
-            x = resized_crop_batch(x, boxes, self.out_hw, flip).round_().clamp_(0, 255).to(torch.uint8)
+            x = resized_crop_batch(x, boxes, self.out_hw, flip, antialias=True).round_().clamp_(0, 255).to(torch.uint8)
             ops, negative = self.randaug.draw(rng, G)  # per sample, for the global batch
             x = self._normalize(self.randaug(x, ops[:, r * B : (r + 1) * B], negative[:, r * B : (r + 1) * B]))
         else:
             # normalise the (smaller) input, then resample: bilinear weights sum to one, so the two commute
             x = self._normalize(x)
             if resample:
-                x = resized_crop_batch(x, boxes, self.out_hw, flip)  # (B, C, h, w)
+                x = resized_crop_batch(x, boxes, self.out_hw, flip, antialias=True)  # (B, C, h, w)
         if cfg.random_erasing > 0:  # on the normalised output, drawn last so other draws keep their values
             erase = sample_erase_boxes(rng, G, *self.out_hw, cfg.random_erasing, cfg.erasing_scale, cfg.erasing_ratio)
             x = erase_batch(x, erase[r * B : (r + 1) * B], cfg.erasing_value, (self.seed, epoch, step), r * B)
@@ -273,5 +273,5 @@ class ArrayEvalData(EvalData):
             return normalize_255(center_crop_batch(x, self.out_hw, self.cfg.eval_crop_fraction), self.cfg.normalize), y
         x = normalize_255(x, self.cfg.normalize)
         if self.out_hw != (H, W):
-            x = resized_crop_batch(x, full_boxes(len(x), H, W), self.out_hw)
+            x = resized_crop_batch(x, full_boxes(len(x), H, W), self.out_hw, antialias=True)  # a downsample averages
         return x, y
