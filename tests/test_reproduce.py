@@ -12,9 +12,10 @@ import signal
 
 import numpy as np
 import pytest
+import yaml
 
 from vitlab.cli import main
-from vitlab.paper import budget, data_scale
+from vitlab.paper import budget, data_scale, inside, transfer
 from vitlab.paper.inside import low_frequency_share, rollout_on_object
 from vitlab.paper.recipes import data_section, model_section, pretrain_recipe
 from vitlab.paper.subrun import run_or_resume
@@ -50,6 +51,14 @@ def _run_report(run_dir) -> dict:
     return json.loads((run_dir / "report.json").read_text())
 
 
+def _recipe(run_dir) -> dict:
+    return yaml.safe_load((run_dir / "recipe.yaml").read_text())
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
 @pytest.fixture(scope="module")
 def quick_root(tmp_path_factory):
     """The four experiments' quick settings run once, in order, in one OUT: (OUT, {experiment: result.json})."""
@@ -62,37 +71,71 @@ def test_quick_experiments_end_to_end_and_resume(quick_root):
     out, results = quick_root
     ds = results["data-scale"]
     s = ds["settings"]
+    settings = data_scale.Settings(**s)
     assert set(ds["runs"]) == {f"{k}-{n}" for k in s["models"] for n in s["sizes"]}
     for name, r in ds["runs"].items():
         rep = _run_report(out / "data-scale" / name)
         assert r["top1"] == rep["final"]["top1"] and r["fewshot"] == rep["evaluators"]["fewshot"]["5shot"]
-        assert rep["step"] == s["steps"] and rep["images_seen"] == s["steps"] * s["batch_size"]  # same compute
+        # an epoch budget per size: at most that many steps, fewer when early stopping ended the run
+        planned = settings.steps(r["size"], s["epochs"][s["sizes"].index(r["size"])])
+        assert r["planned_steps"] == planned and rep["step"] <= planned
+        assert r["stopped_early"] == (rep["step"] < planned) and rep["images_seen"] == rep["step"] * s["batch_size"]
+        assert r["epochs"] == rep["images_seen"] / r["size"]
+        # the reported top-1 scores the weights of the best validation evaluation, logged on the val split
+        assert r["best_step"] == rep["best_step"] <= rep["step"]
+        vals = [row for row in _metrics(out / "data-scale" / name) if row["split"] == "eval_val"]
+        assert max(v["top1"] for v in vals) == rep["best_val_top1"] == r["best_val_top1"]
+        assert next(v["step"] for v in vals if v["top1"] == rep["best_val_top1"]) == rep["best_step"]
         assert rep["bad_data"]["train"]["num_skipped"] == 0
         assert r["status"] == "trained"
+        assert _recipe(out / "data-scale" / name)["data"]["inception_crop"] is False  # no augmentation
     # the page shows the table's numbers
     html = (out / "data-scale" / "report" / "report.html").read_text()
     assert f"{100 * ds['runs']['bit-100']['top1']:.1f}%" in html
 
     tr = results["transfer"]
+    ts = transfer.Settings(**tr["settings"])
     for task, rows in tr["table"].items():
         assert set(rows) == {"1", "all"}
-        rep = _run_report(out / "transfer" / f"{task}-finetune-1")
-        assert rows["1"]["finetune"] == rep["final"]["top1"]
-        classes = 4 if task == "fmnist-heldout" else 10
-        assert rep["images_seen"] == tr["settings"]["steps"] * min(tr["settings"]["batch_size"], classes)
+        for labels, row in rows.items():
+            ft, sc = (_run_report(out / "transfer" / f"{task}-{how}-{labels}") for how in ("finetune", "scratch"))
+            assert row["finetune"] == ft["final"]["top1"] and row["scratch"] == sc["final"]["top1"]
+            # both methods: the same steps, sized by epochs of the labelled images; each its own optimizer
+            images = row["images"]
+            assert images == (int(labels) * (4 if task == "fmnist-heldout" else 10) if labels != "all" else
+                              transfer.train_images(task, True, None))
+            assert ft["step"] == sc["step"] == row["steps"] == ts.steps(images)
+            assert ft["images_seen"] == sc["images_seen"] == row["steps"] * min(ts.batch_size, images)
+            assert _recipe(out / "transfer" / f"{task}-finetune-{labels}")["optim"]["name"] == "sgd"
+            assert _recipe(out / "transfer" / f"{task}-scratch-{labels}")["optim"]["name"] == "adamw"
         assert 0.0 <= rows["all"]["probe"] <= 1.0
     up = _run_report(out / "upstream")
     assert tr["upstream"]["top1"] == up["final"]["top1"]
 
     rs = results["resolution"]
-    assert rs["runs"]["upstream"]["status"] == "done"  # transfer's pre-training, read back, not retrained
-    rep = _run_report(out / "resolution" / "finetune-40px-bicubic")
-    assert rs["table"]["40"]["bicubic"]["finetune"] == rep["final"]["top1"]
+    low, high = rs["settings"]["low_size"], rs["settings"]["size"]
+    assert _recipe(out / "resolution" / f"pretrain-{low}px")["model"]["img_size"] == low < high
+    for mode, row in rs["table"].items():
+        d = out / "resolution" / f"finetune-{high}px-{mode}"
+        assert row["finetune"] == _run_report(d)["final"]["top1"]
+        r = _recipe(d)
+        assert r["model"]["img_size"] == high and r["init"]["pos_embed_resize"] == mode
+        assert r["init"]["checkpoint"] == str(out / "resolution" / f"pretrain-{low}px" / "model.safetensors")
+    control = out / "resolution" / f"continue-{low}px"
+    assert rs["continue_low"] == _run_report(control)["final"]["top1"]
+    assert _recipe(control)["model"]["img_size"] == low  # the same steps and recipe, at the low resolution
+    assert _run_report(control)["step"] == _run_report(out / "resolution" / f"finetune-{high}px-bicubic")["step"]
 
     ins = results["inside"]
-    assert ins["best"] == max((n for n in ds["runs"] if n.startswith("vit-")), key=lambda n: ds["runs"][n]["top1"])
-    assert not ins["runs"]  # the data-scale ViTs were analysed; nothing trained
+    seen = {f"data-scale/{n}": r["images_seen"] for n, r in ds["runs"].items() if n.startswith("vit-")}
+    seen["upstream"] = up["images_seen"]
+    assert ins["best"] == max(seen, key=lambda n: (seen[n], ins["models"][n]["top1"]))  # the longest-trained
+    assert set(ins["models"]) == set(seen)
+    assert not ins["runs"]  # the other experiments' ViTs were analysed; nothing trained
     assert (out / "inside" / "report" / "attention_distance.png").is_file()
+    trend = inside.data_trend(ins)
+    assert trend["sizes"] == s["sizes"]
+    assert trend["min_share"] == [ins["models"][f"data-scale/vit-{n}"]["lowest_layer_min_share"] for n in s["sizes"]]
 
     # again: every sub-run is read back (status "done"), no weights rewritten
     stamp = {p: p.stat().st_mtime_ns for p in (out / "data-scale").glob("*/model.safetensors")}
@@ -152,7 +195,7 @@ def test_a_plan_made_with_other_options_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"made with --quick no --budget; run it with the same options"):
         data_scale.plan(tmp_path / "data-scale", True, 3.0)
     s, _ = data_scale.plan(tmp_path / "data-scale", True, None)  # the same options: the saved plan
-    assert s.steps == data_scale.Settings.for_run(True).steps
+    assert s.epochs == data_scale.Settings.for_run(True).epochs
 
 
 def test_budget_scales_every_step_count_by_one_factor(tmp_path, monkeypatch):
@@ -160,16 +203,47 @@ def test_budget_scales_every_step_count_by_one_factor(tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "step_seconds",
                         lambda model, bs, k=10: per_step[model["name"]] + 0.1 * ("hybrid_layers" in model))
     s0 = data_scale.Settings.for_run(True)
-    # closed form: vit 0.2 s, hybrid 0.3 s, bit 0.05 s per step, each at every size
-    predicted = s0.steps * len(s0.sizes) * (0.2 + 0.3 + 0.05)
+    # closed form: vit 0.2 s, hybrid 0.3 s, bit 0.05 s per step, each at every size's full epoch budget
+    steps = sum(-(-int(e * n) // s0.batch_size) for n, e in zip(s0.sizes, s0.epochs))  # ceil per size
+    predicted = steps * (0.2 + 0.3 + 0.05)
     s, probe = data_scale.plan(tmp_path / "ds", True, 1.0)
     assert probe["predicted_min_at_factor_1"] == pytest.approx(predicted / 60)
     assert probe["factor"] == pytest.approx(60 / predicted)
-    assert s.steps == round(s0.steps * 60 / predicted)
+    assert s.epochs == pytest.approx([e * 60 / predicted for e in s0.epochs])  # one factor for every size
     saved = json.loads((tmp_path / "ds" / "plan.json").read_text())
-    assert saved["settings"]["steps"] == s.steps and saved["options"]["budget_min"] == 1.0
+    assert saved["settings"]["epochs"] == s.epochs and saved["options"]["budget_min"] == 1.0
     with pytest.raises(ValueError, match="--budget must be a positive number"):
         budget.budget_factor([], 0)
+
+
+def test_the_lead_claim_and_its_crossover():
+    s = {"sizes": [1000, 10000, 100000], "shots": 5}
+
+    def result(bit, vit):
+        runs = {f"{k}-{n}": {"top1": a, "fewshot": a} for k, accs in (("bit", bit), ("vit", vit))
+                for n, a in zip(s["sizes"], accs)}
+        return {"settings": s, "runs": runs}
+
+    falling = result([0.80, 0.85, 0.90], [0.70, 0.79, 0.88])  # leads 10, 6, 2 points: 4 points less per 10x
+    assert data_scale.leads(falling, "top1") == pytest.approx({1000: 0.10, 10000: 0.06, 100000: 0.02})
+    assert data_scale.crossover(data_scale.leads(falling, "top1")) == pytest.approx(10 ** 5.5)
+    verdicts = [c.verdict for c in data_scale.claims(falling)]
+    assert verdicts == ["yes", "yes", "no"]  # top-1 and 5-shot leads fall at every step; ViT still behind
+    bumpy = result([0.80, 0.85, 0.90], [0.70, 0.72, 0.88])  # leads 10, 13, 2: shrinks overall, not at every step
+    assert data_scale.claims(bumpy)[0].verdict == "partly"
+    flat = result([0.80, 0.85, 0.90], [0.70, 0.75, 0.80])
+    assert data_scale.claims(flat)[0].verdict == "no" and data_scale.crossover(data_scale.leads(flat, "top1")) is None
+
+
+def test_raghu_trend_on_the_lowest_layer():
+    models = {f"data-scale/vit-{n}": {"kind": "data-scale", "size": n, "steps": 10, "lowest_layer_min_share": a,
+                                      "lowest_layer_mean_share": b}
+              for n, a, b in ((1000, 0.9, 0.95), (10000, 0.6, 0.9), (60000, 0.3, 0.8))}
+    models["upstream"] = {"kind": "upstream", "size": None, "steps": 99, "lowest_layer_min_share": 0.1,
+                          "lowest_layer_mean_share": 0.1}
+    trend = inside.data_trend({"models": models})
+    assert trend["sizes"] == [1000, 10000, 60000] and trend["min_share"] == [0.9, 0.6, 0.3]
+    assert trend["spearman_min"] == pytest.approx(-1.0) and trend["spearman_mean"] == pytest.approx(-1.0)
 
 
 def test_low_frequency_share_closed_forms():

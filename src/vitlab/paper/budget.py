@@ -90,11 +90,3 @@ def scale_steps(steps: int, factor: float) -> int:
     """`steps` times `factor`, rounded, at least MIN_STEPS."""
     return max(MIN_STEPS, round(steps * factor))
 
-
-def scale_with_upstream(s: Any, factor: float) -> None:
-    """Scale the steps of an experiment that has its own runs and the shared upstream pre-training (`steps`,
-    `upstream_steps`) by `factor`, each warm-up kept within a tenth of its run."""
-    s.steps = scale_steps(s.steps, factor)
-    s.upstream_steps = scale_steps(s.upstream_steps, factor)
-    s.warmup = max(1, min(s.warmup, s.steps // 10))
-    s.upstream_warmup = max(1, min(s.upstream_warmup, s.upstream_steps // 10))

@@ -1,13 +1,16 @@
-"""Inside the model (paper Sec. 4.5, Fig. 6-7) on the best ViT of the other experiments: the patch-embedding
-filters, the position-embedding similarity, the mean attention distance per head against depth, and attention
-rollout, each with a measured statement of whether the paper's pattern appears (`vitlab.analysis.findings` plus
-two measures defined here: the filters' low-frequency energy against the same model at initialisation, and the
-rollout's mass on the garment against its area).
+"""Inside the model (paper Sec. 4.5, Fig. 6-7) on the longest-trained ViT of the other experiments: the
+patch-embedding filters, the position-embedding similarity, the mean attention distance per head against depth, and
+attention rollout, each with a measured statement of whether the paper's pattern appears
+(`vitlab.analysis.findings` plus two measures defined here: the filters' low-frequency energy against the same model
+at initialisation, and the rollout's mass on the garment against its area).
 
-The best ViT is the data-scale ViT with the highest test top-1 (OUT/data-scale/vit-*); without any, this experiment
-trains one itself (OUT/inside/vit). The other ViTs found serve as the experiment that explains a missing pattern:
-the data-scale ViTs (the same steps on 1 k to 60 k images: how much data the structure needs) and the resolution
-fine-tunes (the same model on 7x7, 10x10 and 14x14 grids: how much grid the structure needs).
+The model analysed is the 28 px ViT that saw the most training images: a data-scale ViT (OUT/data-scale/vit-*) or
+transfer's upstream ViT (OUT/upstream); without any, this experiment trains one itself (OUT/inside/vit). The
+data-scale ViTs (the same model trained to convergence on 1 k to 58.8 k images, at similar step counts) test the
+published explanation of a missing pattern: Raghu et al. 2021 ("Do Vision Transformers See Like Convolutional
+Neural Networks?", Sec. 4 and Fig. 5) find that ViTs trained on less data (ImageNet rather than JFT-300M) do not
+learn the local attention heads of the lower layers; measured here as the lowest layer's attention distance
+against the training-set size.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from .subrun import finished, run_or_resume
 NAME = "inside"
 LOW_FREQ_MARGIN = 0.1  # the filters count as smooth when their low-frequency share beats random filters' by this
 OBJECT_RATIO = 1.1  # rollout counts as "on the object" when its mass there exceeds the object's area share by 10%
+TREND_MARGIN = 0.05  # Raghu et al.'s trend counts when the most local low-layer head moves by 5% of uniform's distance
 
 
 @dataclass
@@ -49,25 +53,27 @@ class Settings:
 
 
 def _candidates(out: Path) -> list[dict[str, Any]]:
-    """Finished ViT runs of the other experiments: {"name", "run_dir", "top1", "kind", "size" / "img_size"}."""
+    """Finished 28 px ViT runs of the other experiments: {"name", "run_dir", "top1", "kind", "size", "steps",
+    "images_seen", "classes"}; "size" is the training-set size of the data-scale runs."""
     import json
+
+    from .upstream import DIR, UPSTREAM_CLASSES
 
     def report(run_dir: Path) -> dict[str, Any]:
         return json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
 
     found = []
-    for run_dir in sorted((out / "data-scale").glob("vit-*")):
+    for run_dir in sorted((out / "data-scale").glob("vit-*"), key=lambda p: int(p.name.split("-")[1])):
         if finished(run_dir):
             r = report(run_dir)
-            found.append({"name": run_dir.name, "run_dir": run_dir, "top1": r["final"]["top1"], "kind": "data-scale",
-                          "size": int(run_dir.name.split("-")[1]), "steps": r["step"]})
-    upstream_steps = report(out / "upstream")["step"] if finished(out / "upstream") else 0
-    for run_dir in sorted((out / "resolution").glob("finetune-*")):
-        if finished(run_dir) and ("bicubic" in run_dir.name or run_dir.name == "finetune-28px"):
-            r = report(run_dir)
-            found.append({"name": f"resolution/{run_dir.name}", "run_dir": run_dir, "top1": r["final"]["top1"],
-                          "kind": "resolution", "img_size": int(run_dir.name.split("-")[1].removesuffix("px")),
-                          "steps": upstream_steps + r["step"]})  # pre-training and fine-tuning
+            found.append({"name": f"data-scale/{run_dir.name}", "run_dir": run_dir, "top1": r["final"]["top1"],
+                          "kind": "data-scale", "size": int(run_dir.name.split("-")[1]), "steps": r["step"],
+                          "images_seen": r["images_seen"], "best_step": r.get("best_step"), "classes": None})
+    if finished(out / DIR):
+        r = report(out / DIR)
+        found.append({"name": DIR, "run_dir": out / DIR, "top1": r["final"]["top1"], "kind": "upstream",
+                      "size": None, "steps": r["step"], "images_seen": r["images_seen"], "best_step": None,
+                      "classes": UPSTREAM_CLASSES})
     return found
 
 
@@ -141,7 +147,10 @@ def _analyze(run_dir: Path, quick: bool, n: int, layer_maps: tuple[int, ...] = (
 def _summary(result: Any, extra: dict[str, Any]) -> dict[str, Any]:
     f = result.findings
     att = result.attention
-    out = {"grid": list(att.grid), "uniform_distance": att.uniform_distance, **extra}
+    share = att.mean_distance / att.uniform_distance  # (L, heads): each head's distance, share of uniform's
+    out = {"grid": list(att.grid), "uniform_distance": att.uniform_distance, **extra,
+           "head_distance_share": share.tolist(), "lowest_layer_min_share": float(share[0].min()),
+           "lowest_layer_mean_share": float(share[0].mean())}
     if "pos_embed_2d" in f:
         out["pos_neighbour_minus_far"] = f["pos_embed_2d"]["neighbour_similarity"] - f["pos_embed_2d"]["far_similarity"]
         out["pos_correlation"] = f["pos_embed_2d"]["correlation_with_distance"]
@@ -162,29 +171,44 @@ def run(out: Path, *, quick: bool = False, budget_min: float | None = None, prog
     s = Settings.for_run(quick)
     found = _candidates(out)
     runs: dict[str, dict[str, Any]] = {}
-    if not [c for c in found if c["kind"] == "data-scale"]:
+    if not found:
         recipe = pretrain_recipe(model_section("vit", quick), data_section(quick), steps=s.steps,
                                  batch_size=s.batch_size, warmup=s.warmup)
         r = run_or_resume("vit", recipe, out / NAME / "vit", progress=progress)
         runs["vit"] = r.to_dict()
         found.insert(0, {"name": "inside/vit", "run_dir": Path(r.run_dir), "top1": r.top1, "kind": "own",
-                         "size": 60000 if not quick else 600, "steps": r.steps})
-    ten_class = [c for c in found if c["kind"] in ("data-scale", "own")]
-    best = max(ten_class, key=lambda c: c["top1"])
+                         "size": None, "steps": r.steps, "images_seen": r.images_seen, "best_step": None,
+                         "classes": None})
+    best = max(found, key=lambda c: (c["images_seen"], c["top1"]))  # the longest-trained
     depth_maps = (0, -1)
-    best_result, best_extra = _analyze(best["run_dir"], quick, s.num_images, depth_maps)
-    models = {best["name"]: {"top1": best["top1"], "kind": best["kind"], "size": best.get("size"),
-                             "steps": best["steps"], **_summary(best_result, best_extra)}}
-    for c in found:
-        if c["name"] in models:
-            continue
-        classes = [0, 1, 2, 3, 4, 5] if c["kind"] == "resolution" else None
-        res, extra = _analyze(c["run_dir"], quick, s.num_images, classes=classes)
-        models[c["name"]] = {"top1": c["top1"], "kind": c["kind"], "size": c.get("size"), "steps": c["steps"],
-                             "img_size": c.get("img_size"), **_summary(res, extra)}
+    models: dict[str, dict[str, Any]] = {}
+    best_result = None
+    for c in [best, *[c for c in found if c is not best]]:
+        res, extra = _analyze(c["run_dir"], quick, s.num_images, depth_maps if c is best else (), c["classes"])
+        best_result = best_result or res
+        models[c["name"]] = {k: c[k] for k in ("top1", "kind", "size", "steps", "images_seen", "best_step")}
+        models[c["name"]].update(_summary(res, extra))
+    assert best_result is not None
     parts = sections(best_result)
     return {"experiment": NAME, "settings": s.__dict__, "runs": runs, "best": best["name"], "models": models,
             "_sections": parts}
+
+
+def data_trend(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Raghu et al.'s test on the data-scale ViTs: the lowest layer's attention distance (each head's mean distance
+    as a share of uniform attention's; the most local head and the mean of the heads) against the training-set
+    size, with the Spearman rank correlation of each with the size. None with fewer than two such ViTs."""
+    ds = sorted((m for m in result["models"].values() if m["kind"] == "data-scale"), key=lambda m: m["size"])
+    if len(ds) < 2:
+        return None
+    from ..analysis.findings import _spearman
+
+    sizes = np.array([m["size"] for m in ds], dtype=np.float64)
+    mins = np.array([m["lowest_layer_min_share"] for m in ds])
+    means = np.array([m["lowest_layer_mean_share"] for m in ds])
+    return {"sizes": sizes.astype(int).tolist(), "steps": [m["steps"] for m in ds], "min_share": mins.tolist(),
+            "mean_share": means.tolist(), "spearman_min": _spearman(sizes, mins),
+            "spearman_mean": _spearman(sizes, means)}
 
 
 def claims(result: dict[str, Any]) -> list[Claim]:
@@ -225,9 +249,25 @@ def claims(result: dict[str, Any]) -> list[Claim]:
               "local",
         measured=f"lowest layers' heads span {100 * m['early_min_share']:.0f}% to {100 * m['early_max_share']:.0f}% "
                  f"of uniform attention's distance (local below 25%, global above 75%)"
-                 + ("" if ok else f"; {why['early']}"),
+                 + ("" if ok else "; Raghu et al. 2021 explain missing local heads by too little training data: "
+                    "tested in the next row"),
         verdict="yes" if ok else "no",
         numbers={"early_min_share": m["early_min_share"], "early_max_share": m["early_max_share"]}))
+    trend = data_trend(result)
+    if trend is not None:
+        falls = trend["spearman_min"] < 0 and trend["min_share"][-1] < trend["min_share"][0] - TREND_MARGIN
+        series = ", ".join(f"{n:,}: {100 * a:.0f}% ({100 * b:.0f}%)"
+                           for n, a, b in zip(trend["sizes"], trend["min_share"], trend["mean_share"]))
+        out.append(Claim(
+            paper="Raghu et al. 2021 (Sec. 4, Fig. 5), the published explanation of missing local heads: ViTs "
+                  "trained on less data learn less local attention in their lowest layers",
+            measured=f"the lowest layer's most local head (and its mean over heads) as a share of uniform "
+                     f"attention's distance, by training images: {series}; Spearman with the size "
+                     f"{trend['spearman_min']:.2f} ({trend['spearman_mean']:.2f}); a fall counts beyond "
+                     f"{100 * TREND_MARGIN:.0f} points of share",
+            verdict="yes" if falls and trend["spearman_min"] <= -0.8 else ("partly" if falls else "no"),
+            numbers={"spearman_min": trend["spearman_min"], "spearman_mean": trend["spearman_mean"],
+                     "min_share_smallest": trend["min_share"][0], "min_share_largest": trend["min_share"][-1]}))
     ratio = m["ratio"]
     out.append(Claim(
         paper="Fig. 6: the model attends to image regions that are semantically relevant for classification",
@@ -240,69 +280,54 @@ def claims(result: dict[str, Any]) -> list[Claim]:
 
 
 def _why(result: dict[str, Any]) -> dict[str, str]:
-    """For each pattern, what the other models show about the cause: the trend with data size and with grid size."""
-    models = result["models"]
-    ds = sorted((v for v in models.values() if v["kind"] in ("data-scale", "own")), key=lambda v: v["size"] or 0)
-    rs = sorted((v for v in models.values() if v["kind"] == "resolution"), key=lambda v: v["grid"][0])
-
-    def trend(rows: list[dict[str, Any]], key: str, label: str, unit: str, fmt: str = "{:.2f}") -> str:
-        vals = [(r[label], r[key]) for r in rows if key in r]
-        if len(vals) < 2:
-            return ""
-        return ", ".join(f"{lab}{unit}: {fmt.format(v)}" for lab, v in vals)
+    """For each pattern, the same measure on the data-scale ViTs (trained on 1 k to 58.8 k images)."""
+    ds = sorted((v for v in result["models"].values() if v["kind"] == "data-scale"), key=lambda v: v["size"])
 
     def explain(key: str, what: str, fmt: str = "{:.2f}") -> str:
-        parts = []
-        t = trend(ds, key, "size", " images", fmt)
-        if t:
-            parts.append(f"{what} against training images at equal steps: {t}")
-        grid = [dict(r, grid_label=f"{r['grid'][0]}x{r['grid'][1]}") for r in rs]
-        seven = sorted((v for v in models.values() if v["grid"][0] == 7), key=lambda v: v["steps"])
-        longest = [seven[0], seven[-1]] if len(seven) >= 2 and seven[-1]["steps"] > seven[0]["steps"] else []
-        t = trend(longest, key, "steps", " steps", fmt)
-        if t:
-            parts.append(f"against training length (7x7 grid): {t}")
-        t = trend(grid, key, "grid_label", " grid", fmt)
-        if t:
-            note = (" (the larger grids' tables are the 7x7 one interpolated, then briefly fine-tuned: smooth by "
-                    "construction)") if key == "pos_neighbour_minus_far" else ""
-            parts.append(f"against grid size: {t}{note}")
-        return "; ".join(parts) or "no other ViT to compare (run data-scale and resolution first)"
+        vals = [(r["size"], r[key]) for r in ds if key in r]
+        if len(vals) < 2:
+            return "no other ViT to compare (run data-scale first)"
+        return f"{what} against training images: " + ", ".join(f"{n:,}: {fmt.format(v)}" for n, v in vals)
 
     return {"filters": explain("filters_low_frequency", "low-frequency share"),
             "pos": explain("pos_neighbour_minus_far", "neighbour minus far similarity", "{:.3f}"),
-            "depth": explain("distance_rise", "distance rise"),
-            "early": explain("early_max_share", "widest early head (share of uniform)")}
+            "depth": explain("distance_rise", "distance rise")}
 
 
 def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
     from .figures import lines_plot
 
     models = result["models"]
-    header = ["model", "test top-1", "grid", "filters low-freq (init, random)", "pos-emb near-far", "distance rise",
-              "early heads (min-max share)", "rollout on object"]
+    header = ["model", "training images seen (steps)", "test top-1", "filters low-freq (init, random)",
+              "pos-emb near-far", "distance rise", "lowest layer: heads (share of uniform)", "rollout on object"]
     rows = []
     for name, m in models.items():
         lf = (f"{m['filters_low_frequency']:.2f} ({m['filters_low_frequency_init']:.2f}, "
               f"{m['filters_low_frequency_random']:.2f})"
               if "filters_low_frequency" in m else "-")
-        rows.append([name + (" (best)" if name == result["best"] else ""), pct(m["top1"]),
-                     f"{m['grid'][0]}x{m['grid'][1]}", lf, f"{m.get('pos_neighbour_minus_far', float('nan')):.3f}",
-                     f"{m['distance_rise']:+.2f}", f"{m['early_min_share']:.2f}-{m['early_max_share']:.2f}",
+        heads = ", ".join(f"{h:.2f}" for h in sorted(m["head_distance_share"][0]))
+        rows.append([name + (" (analysed)" if name == result["best"] else ""),
+                     f"{m['images_seen']:,} ({m['steps']})", pct(m["top1"]), lf,
+                     f"{m.get('pos_neighbour_minus_far', float('nan')):.3f}", f"{m['distance_rise']:+.2f}", heads,
                      f"{m['ratio']:.2f}"])
     parts = list(result.get("_sections") or [])
-    ds = sorted((m for m in models.values() if m["kind"] in ("data-scale", "own")), key=lambda m: m["size"] or 0)
-    if len(ds) >= 2:
-        xs = [m["size"] for m in ds]
-        lines = {"pos-emb near minus far": (xs, [m.get("pos_neighbour_minus_far", 0.0) for m in ds]),
-                 "distance rise (share of uniform)": (xs, [m["distance_rise"] for m in ds]),
-                 "widest early head (share)": (xs, [m["early_max_share"] for m in ds]),
-                 "filters low-frequency share": (xs, [m.get("filters_low_frequency", 0.0) for m in ds])}
-        fig = lines_plot([("The patterns against training data (same steps)", lines)],
-                         xlabel="training images", ylabel="measure", logx=True, percent=False)
-        parts.append(Section("patterns_vs_data", "Why: the patterns against training data",
-                             "Each measure of the findings for the data-scale ViTs (the same steps on 1k to 60k "
-                             "images).", png_bytes(fig), {"sizes": xs, "lines": {k: v[1] for k, v in lines.items()}}))
+    trend = data_trend(result)
+    if trend is not None:
+        ds = sorted((m for m in models.values() if m["kind"] == "data-scale"), key=lambda m: m["size"])
+        xs = trend["sizes"]
+        lines = {"lowest layer: most local head": (xs, trend["min_share"]),
+                 "lowest layer: mean of heads": (xs, trend["mean_share"]),
+                 "distance rise with depth": (xs, [m["distance_rise"] for m in ds]),
+                 "pos-emb near minus far": (xs, [m.get("pos_neighbour_minus_far", 0.0) for m in ds])}
+        fig = lines_plot([("The patterns against training data (Raghu et al. 2021's test)", lines)],
+                         xlabel="training images", ylabel="share of uniform attention's distance / measure",
+                         logx=True, percent=False)
+        parts.append(Section("patterns_vs_data", "Why: local attention in the lowest layer against training data",
+                             "The data-scale ViTs (one architecture trained to convergence on 1k to 58.8k images): "
+                             "each head's mean attention distance in the lowest layer as a share of uniform "
+                             "attention's (below 25%: local), and the other measures, against the training-set "
+                             "size. Raghu et al. 2021 find fewer local low-layer heads with less data.",
+                             png_bytes(fig), {"trend": trend, "lines": {k: v[1] for k, v in lines.items()}}))
     return [("The measures per model", header, rows)], parts
 
 

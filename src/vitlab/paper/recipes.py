@@ -54,8 +54,9 @@ def data_section(quick: bool, **overrides: Any) -> dict[str, Any]:
 
 def pretrain_recipe(model: dict[str, Any], data: dict[str, Any], *, steps: int, batch_size: int, warmup: int,
                     seed: int = 0, fewshot: dict[str, Any] | None = None, eval_samples: int | None = None,
-                    lr: float | None = None) -> Recipe:
-    """`fmnist_pretrain.yaml` (AdamW) with the model, data, length and batch replaced."""
+                    lr: float | None = None, early_stop_every: int = 0, early_stop_patience: int = 0) -> Recipe:
+    """`fmnist_pretrain.yaml` (AdamW) with the model, data, length and batch replaced; with `early_stop_every`,
+    early stopping on the val split (`data.val_fraction`), the run ending with its best val weights."""
     d = copy.deepcopy(read_recipe_dict(recipes.path("fmnist_pretrain")))
     d["model"], d["data"] = dict(model), dict(data)
     d["schedule"]["warmup_steps"] = warmup
@@ -63,7 +64,8 @@ def pretrain_recipe(model: dict[str, Any], data: dict[str, Any], *, steps: int, 
         d["optim"]["lr"] = lr
     d["train"].update(steps=steps, batch_size=batch_size, seed=seed, precision="fp32", log_every=max(1, steps // 20),
                       checkpoint_every=max(1, steps // 4), keep_checkpoints=1, eval_batch_size=500,
-                      eval_max_samples=eval_samples)
+                      eval_max_samples=eval_samples, early_stop_every=early_stop_every,
+                      early_stop_patience=early_stop_patience)
     if fewshot is not None:
         d["train"]["evaluators"] = [{"kind": "fewshot", "name": "fewshot", **fewshot}]
     return Recipe.from_dict(d)

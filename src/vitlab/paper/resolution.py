@@ -1,11 +1,14 @@
-"""Resolution (paper Sec. 3.2): fine-tuning at a higher resolution than pre-training often helps; the patch size stays
-the same, so the sequence grows, and the pre-trained position embeddings are interpolated in 2-D according to their
-place in the image.
+"""Resolution (paper Sec. 3.2): "it is often beneficial to fine-tune at higher resolution than pre-training"; the
+patch size stays the same, so the sequence grows, and the pre-trained position embeddings are interpolated in 2-D
+according to their place in the image.
 
-The upstream ViT (28 px, 7x7 patches of 4x4 pixels: `upstream`) is fine-tuned on its own task at larger sizes with
-each position-embedding resize mode (jax, bilinear, bicubic), against (a) evaluating it at the larger size without
-fine-tuning (embeddings resampled only) and (b) fine-tuning it for the same steps at its own 28 px, which separates
-the gain of the resolution from the gain of the extra steps.
+The paper's gain (224 -> 384 px; timm measures +1.1 to +3.0 points on ImageNet) comes from images that hold more
+detail at the higher resolution. So the ViT is pre-trained BELOW Fashion-MNIST's native resolution (the images
+downsampled to 16 px: 4x4 patches of 4x4 pixels) and fine-tuned at the native 28 px (7x7 patches: real added
+detail), with each position-embedding resize mode (jax, bilinear, bicubic). The control continues training at 16 px
+for the same steps with the same recipe, which separates the gain of the resolution from the gain of more steps;
+evaluating the pre-trained model at 28 px with its embeddings resampled but no fine-tuning shows what the
+fine-tuning adds.
 """
 
 from __future__ import annotations
@@ -14,15 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .budget import Job, budget_factor, scale_with_upstream
+from .budget import Job, budget_factor, scale_steps
 from .plan import load_or_make_plan
-from .recipes import data_section, finetune_recipe, model_section
+from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
 from .subrun import run_or_resume
-from .upstream import UPSTREAM_CLASSES, ensure_upstream, upstream_recipe
 
 NAME = "resolution"
-BASE_SIZE = 28
+TARGET_GAIN = 0.01  # the issue's bar: at least +1 point over continuing at the low resolution (timm: +1.1 to +3.0)
 
 
 @dataclass
@@ -30,31 +32,34 @@ class Settings:
     """What the experiment runs.
 
     Attributes:
-        sizes: Fine-tuning sizes (multiples of the 4-pixel patch): 40 px = 10x10 tokens, 56 px = 14x14.
-        modes: Position-embedding resize modes (`vitlab.config.RESIZE_MODES`).
-        steps, batch_size, warmup, lr: Every fine-tuning run (SGD, the paper's recipe; the head is kept: same task).
-        upstream_*: The shared pre-training, when this experiment is the first to need it.
-        eval_samples: Test images scored (the first this many of the upstream classes' test split).
+        low_size: The pre-training resolution (Fashion-MNIST downsampled; a multiple of the 4-pixel patch).
+        size: The fine-tuning resolution (28: native, the detail the low resolution lacks).
+        modes: Position-embedding resize modes (`vitlab.config.RESIZE_MODES`); the first is the headline one.
+        pre_steps, pre_batch, pre_warmup: The pre-training at `low_size` (AdamW, the shipped recipe).
+        steps, batch_size, warmup, lr: Every fine-tuning run and the control (SGD, the paper's recipe; the head is
+            kept: same classes).
+        eval_samples: Test images scored (None: the whole test split).
         quick: Tiny models on synthetic data.
     """
 
-    sizes: list[int] = field(default_factory=lambda: [40, 56])
-    modes: list[str] = field(default_factory=lambda: ["jax", "bilinear", "bicubic"])
-    steps: int = 60
-    batch_size: int = 32
-    warmup: int = 6
+    low_size: int = 16
+    size: int = 28
+    modes: list[str] = field(default_factory=lambda: ["bicubic", "bilinear", "jax"])
+    pre_steps: int = 1400
+    pre_batch: int = 128
+    pre_warmup: int = 70
+    steps: int = 300
+    batch_size: int = 128
+    warmup: int = 30
     lr: float = 0.01
-    upstream_steps: int = 400
-    upstream_batch: int = 128
-    upstream_warmup: int = 30
-    eval_samples: int | None = 2000
+    eval_samples: int | None = None
     quick: bool = False
 
     @classmethod
     def for_run(cls, quick: bool) -> Settings:
         if quick:
-            return cls(sizes=[40], modes=["bilinear", "bicubic"], steps=3, batch_size=16, warmup=1,
-                       upstream_steps=4, upstream_batch=16, upstream_warmup=1, eval_samples=100, quick=True)
+            return cls(modes=["bicubic", "bilinear"], pre_steps=4, pre_batch=16, pre_warmup=1, steps=3, batch_size=16,
+                       warmup=1, eval_samples=100, quick=True)
         return cls()
 
 
@@ -63,13 +68,12 @@ def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings
         s = Settings.for_run(quick)
         if budget_min is None:
             return s, {}
-        k = len(UPSTREAM_CLASSES)
-        jobs = [Job(model_section("vit", quick), s.upstream_batch, s.upstream_steps, k),
-                Job(model_section("vit", quick), s.batch_size, s.steps, k)]
-        jobs += [Job(model_section("vit", quick, size), s.batch_size, s.steps, k) for size in s.sizes
-                 for _ in s.modes]
+        low, high = model_section("vit", quick, s.low_size), model_section("vit", quick, s.size)
+        jobs = [Job(low, s.pre_batch, s.pre_steps), Job(low, s.batch_size, s.steps)]
+        jobs += [Job(high, s.batch_size, s.steps) for _ in s.modes]
         factor, probe = budget_factor(jobs, budget_min)
-        scale_with_upstream(s, factor)
+        s.steps, s.pre_steps = scale_steps(s.steps, factor), scale_steps(s.pre_steps, factor)
+        s.warmup, s.pre_warmup = max(1, min(s.warmup, s.steps // 10)), max(1, min(s.pre_warmup, s.pre_steps // 10))
         return s, probe
 
     return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)
@@ -90,52 +94,57 @@ def _eval_resized(model_path: str, size: int, mode: str, data: dict[str, Any], e
 def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False) -> dict[str, Any]:
     exp_dir = out / NAME
     s, probe = plan(exp_dir, quick, budget_min)
-    up = ensure_upstream(out, upstream_recipe(quick, s.upstream_steps, s.upstream_batch, s.upstream_warmup,
-                                              s.eval_samples), progress=progress)
-    data = data_section(quick, classes=UPSTREAM_CLASSES)
-    runs: dict[str, dict[str, Any]] = {"upstream": up.to_dict()}
+    data = data_section(quick)
+    low = f"pretrain-{s.low_size}px"
+    pre = run_or_resume(low, pretrain_recipe(model_section("vit", quick, s.low_size), data, steps=s.pre_steps,
+                                             batch_size=s.pre_batch, warmup=s.pre_warmup,
+                                             eval_samples=s.eval_samples), exp_dir / low, progress=progress)
+    runs: dict[str, dict[str, Any]] = {low: pre.to_dict()}
 
     def finetune(size: int, mode: str) -> float:
-        name = f"finetune-{size}px" + ("" if size == BASE_SIZE else f"-{mode}")
+        name = f"continue-{size}px" if size == s.low_size else f"finetune-{size}px-{mode}"
         r = run_or_resume(name, finetune_recipe(
-            model_section("vit", quick, size), data, init=up.model, steps=s.steps, batch_size=s.batch_size,
+            model_section("vit", quick, size), data, init=pre.model, steps=s.steps, batch_size=s.batch_size,
             warmup=s.warmup, lr=s.lr, drop_head=False, pos_embed_resize=mode, eval_samples=s.eval_samples),
             exp_dir / name, progress=progress)
         runs[name] = r.to_dict()
         return r.top1
 
-    base = _eval_resized(up.model, BASE_SIZE, "bicubic", data, s.eval_samples)  # same images as the others
-    control = finetune(BASE_SIZE, "bicubic")
-    table: dict[str, dict[str, dict[str, float]]] = {}
-    for size in s.sizes:
-        table[str(size)] = {mode: {"no_finetune": _eval_resized(up.model, size, mode, data, s.eval_samples),
-                                   "finetune": finetune(size, mode)} for mode in s.modes}
+    control = finetune(s.low_size, s.modes[0])
+    table = {mode: {"no_finetune": _eval_resized(pre.model, s.size, mode, data, s.eval_samples),
+                    "finetune": finetune(s.size, mode)} for mode in s.modes}
     return {"experiment": NAME, "settings": s.__dict__, "budget": probe, "runs": runs, "table": table,
-            "pretrained_28px": base, "finetune_28px": control, "upstream": {"top1": up.top1, "steps": up.steps}}
+            "pretrained_low": pre.top1, "continue_low": control}
 
 
 def claims(result: dict[str, Any]) -> list[Claim]:
-    table, control, base = result["table"], result["finetune_28px"], result["pretrained_28px"]
-    best = {size: max(modes.values(), key=lambda r: r["finetune"])["finetune"] for size, modes in table.items()}
-    better = [size for size, acc in best.items() if acc > control]
+    s, table, control, base = result["settings"], result["table"], result["continue_low"], result["pretrained_low"]
+    low, high = s["low_size"], s["size"]
+    head = s["modes"][0]
+    gains = {mode: r["finetune"] - control for mode, r in table.items()}
+    gain = gains[head]
     out = [Claim(
-        paper="Sec. 3.2: fine-tuning at a higher resolution than pre-training is beneficial (more tokens, same "
-              "patch size, 2-D interpolated position embeddings)",
-        measured="best fine-tune at " + ", ".join(f"{size} px {pct(a)}" for size, a in best.items())
-                 + f" vs the same steps at 28 px {pct(control)} (pre-trained model at 28 px: {pct(base)})",
-        verdict="yes" if len(better) == len(best) else ("partly" if better else "no"),
-        numbers={"finetune_28px": control, **{f"best_finetune_{size}px": a for size, a in best.items()}})]
-    pairs = [(size, mode, r) for size, modes in table.items() for mode, r in modes.items()]
-    recovered = [p for p in pairs if p[2]["finetune"] > p[2]["no_finetune"]]
-    drops = [base - r["no_finetune"] for _, _, r in pairs]
+        paper="Sec. 3.2: fine-tuning at a higher resolution than pre-training is beneficial (the same patch size, "
+              "more tokens, 2-D interpolated position embeddings); timm measures +1.1 to +3.0 points for 224 -> 384",
+        measured=f"pre-trained at {low} px ({pct(base)}), then {s['steps']} more steps: fine-tuned at {high} px "
+                 f"({head} resize) {pct(table[head]['finetune'])} vs continued at {low} px {pct(control)}: "
+                 f"{100 * gain:+.1f} points (" + ", ".join(f"{m} {100 * g:+.1f}" for m, g in gains.items())
+                 + f"); the bar is +{100 * TARGET_GAIN:.0f}",
+        verdict="yes" if gain >= TARGET_GAIN else ("partly" if gain > 0 else "no"),
+        numbers={"continue_low": control, **{f"finetune_{high}px_{m}": r["finetune"] for m, r in table.items()},
+                 "gain": gain})]
+    recovered = [m for m, r in table.items() if r["finetune"] > r["no_finetune"]]
+    best = max(table, key=lambda m: table[m]["finetune"])
     out.append(Claim(
-        paper="Sec. 3.2: the resampled position embeddings are a starting point for fine-tuning at the new "
-              "resolution (the model is fine-tuned, not only resized)",
-        measured=f"without fine-tuning the larger input costs {100 * min(drops):.1f} to {100 * max(drops):.1f} "
-                 f"points against 28 px; fine-tuning beats the resized-only model in {len(recovered)} of "
-                 f"{len(pairs)} (size, mode) cases",
-        verdict="yes" if len(recovered) == len(pairs) else ("partly" if recovered else "no"),
-        numbers={"max_drop_without_finetune": max(drops), "min_drop_without_finetune": min(drops)}))
+        paper="Sec. 3.2: the 2-D interpolated position embeddings are the starting point of fine-tuning at the new "
+              "resolution (the model is fine-tuned there, not only resized)",
+        measured=f"resized to {high} px without fine-tuning: " + ", ".join(
+            f"{m} {pct(r['no_finetune'])}" for m, r in table.items())
+                 + f" ({pct(base)} at {low} px); fine-tuned: " + ", ".join(
+            f"{m} {pct(r['finetune'])}" for m, r in table.items())
+                 + f"; fine-tuning beats resizing alone in {len(recovered)} of {len(table)} modes, best start: {best}",
+        verdict="yes" if len(recovered) == len(table) else ("partly" if recovered else "no"),
+        numbers={f"{k}_{m}": r[k] for m, r in table.items() for k in ("no_finetune", "finetune")}))
     return out
 
 
@@ -143,24 +152,25 @@ def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
     from .figures import bar_groups
 
     table, s = result["table"], result["settings"]
-    header = ["size", "pos-embed resize", "resized only (no fine-tuning)", "fine-tuned"]
-    rows = [["28 px (pre-training size)", "-", pct(result["pretrained_28px"]), pct(result["finetune_28px"])]]
-    groups, no_ft, ft = ["28 px"], [result["pretrained_28px"]], [result["finetune_28px"]]
-    for size, modes in table.items():
-        for mode, r in modes.items():
-            rows.append([f"{size} px", mode, pct(r["no_finetune"]), pct(r["finetune"])])
-            groups.append(f"{size} px {mode}")
-            no_ft.append(r["no_finetune"])
-            ft.append(r["finetune"])
-    fig = bar_groups(groups, {"resized only": no_ft, "fine-tuned": ft}, ylabel="test top-1 (%)",
-                     title="Fine-tuning at a higher resolution (Sec. 3.2)")
-    sec = Section("resolution", "Fine-tuning at a higher resolution (Sec. 3.2)",
-                  f"The upstream ViT (28 px, {result['upstream']['steps']} steps) evaluated at each size with its "
-                  f"position embeddings resampled, and fine-tuned there for {s['steps']} SGD steps of "
-                  f"{s['batch_size']} images; 28 px fine-tuned for the same steps is the control.",
-                  png_bytes(fig), {"table": table, "pretrained_28px": result["pretrained_28px"],
-                                   "finetune_28px": result["finetune_28px"]})
-    return [("Test top-1 on the upstream task (Fashion-MNIST classes 0-5)", header, rows)], [sec]
+    low, high = s["low_size"], s["size"]
+    header = ["input", "pos-embed resize", "after pre-training (resized only)", f"+ {s['steps']} steps"]
+    rows = [[f"{low} px (pre-training size)", "-", pct(result["pretrained_low"]), pct(result["continue_low"])]]
+    groups, no_ft, ft = [f"{low} px"], [result["pretrained_low"]], [result["continue_low"]]
+    for mode, r in table.items():
+        rows.append([f"{high} px", mode, pct(r["no_finetune"]), pct(r["finetune"])])
+        groups.append(f"{high} px {mode}")
+        no_ft.append(r["no_finetune"])
+        ft.append(r["finetune"])
+    fig = bar_groups(groups, {"pre-trained (resized only)": no_ft, f"+ {s['steps']} steps": ft},
+                     ylabel="test top-1 (%)", title=f"Pre-trained at {low} px, fine-tuned at {high} px (Sec. 3.2)")
+    sec = Section("resolution", f"Fine-tuning at {high} px after pre-training at {low} px (Sec. 3.2)",
+                  f"The ViT pre-trained on Fashion-MNIST downsampled to {low} px ({s['pre_steps']} steps of "
+                  f"{s['pre_batch']}), evaluated at {high} px with its position embeddings resampled, and trained "
+                  f"{s['steps']} more SGD steps of {s['batch_size']} images at {high} px (each resize mode) or, the "
+                  f"control, at {low} px; test top-1 on the test split.",
+                  png_bytes(fig), {"table": table, "pretrained_low": result["pretrained_low"],
+                                   "continue_low": result["continue_low"]})
+    return [("Test top-1 on Fashion-MNIST (10 classes)", header, rows)], [sec]
 
 
-TITLE = "vitlab reproduce resolution: fine-tuning at a higher resolution (Sec. 3.2)"
+TITLE = "vitlab reproduce resolution: pre-train below the native resolution, fine-tune at it (Sec. 3.2)"

@@ -36,6 +36,8 @@ class SubRunResult:
         train_time_s: Seconds of training (all calls together when resumed).
         evaluators: The last row of each train.evaluators entry (e.g. {"fewshot": {"5shot": 0.71, ...}}).
         model: The final weights (model.safetensors).
+        best_step, best_val_top1: With early stopping: the step whose weights the run ended with (what `top1`
+            scores) and their validation top-1; None without.
     """
 
     name: str
@@ -47,11 +49,14 @@ class SubRunResult:
     train_time_s: float
     evaluators: dict[str, Any] = field(default_factory=dict)
     model: str = ""
+    best_step: int | None = None
+    best_val_top1: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "run_dir": self.run_dir, "status": self.status, "top1": self.top1,
                 "steps": self.steps, "images_seen": self.images_seen, "train_time_s": self.train_time_s,
-                "evaluators": self.evaluators, "model": self.model}
+                "evaluators": self.evaluators, "model": self.model, "best_step": self.best_step,
+                "best_val_top1": self.best_val_top1}
 
 
 def finished(run_dir: Path) -> bool:
@@ -74,7 +79,8 @@ def _read(name: str, run_dir: Path, status: str) -> SubRunResult:
     return SubRunResult(name=name, run_dir=str(run_dir), status=status, top1=float(top1),
                         steps=int(report.get("step", 0)), images_seen=int(report.get("images_seen", 0)),
                         train_time_s=float(report.get("train_time_s", 0.0)),
-                        evaluators=dict(report.get("evaluators") or {}), model=str(run_dir / "model.safetensors"))
+                        evaluators=dict(report.get("evaluators") or {}), model=str(run_dir / "model.safetensors"),
+                        best_step=report.get("best_step"), best_val_top1=report.get("best_val_top1"))
 
 
 def run_or_resume(name: str, recipe: Recipe, run_dir: str | Path, *, progress: bool = False) -> SubRunResult:
