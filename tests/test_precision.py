@@ -26,6 +26,8 @@ def tuned(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLAB_AUTOTUNE", "on")
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "_load", lambda: 0.5)  # a quiet machine: nothing measured again for load
+    zen4 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})  # native bf16: "auto" measures
+    monkeypatch.setattr(precision, "cpu_flags", lambda *a: zen4)
     state = {"now": 0.0, "seconds": {"fp32": 2.0, "bf16": 1.0}, "calls": []}
     monkeypatch.setattr(precision, "_clock", lambda: state["now"])
 
@@ -79,6 +81,25 @@ def test_off_keeps_the_cpu_flag_rule(monkeypatch, amx):
     assert precision.choose_precision("auto", "cpu", kind="t", shape_key="s", run=ran.append) == \
         ("bf16" if amx else "fp32")
     assert ran == [] and precision.resolve_precision("auto", "cpu") == ("bf16" if amx else "fp32")
+
+
+@pytest.mark.parametrize("flags", [{"avx2", "fma"}, {"avx2", "avx512f", "avx512_vnni"}])  # AVX2; Cascade Lake
+def test_no_native_bf16_takes_fp32_without_measuring(tuned, monkeypatch, caplog, flags):
+    monkeypatch.setattr(precision, "cpu_flags", lambda *a: frozenset(flags))
+
+    def never(*a, **kw):
+        raise AssertionError("bf16 must not be measured on a CPU without native bf16")
+
+    monkeypatch.setattr(precision, "time_interleaved", never)
+    caplog.set_level(logging.INFO, logger="vitlab.precision")
+    assert precision.choose_precision("auto", "cpu", kind="t", shape_key="s", run=never) == "fp32"
+    assert "precision auto -> fp32 (not measured" in caplog.text and "no native bf16" in caplog.text
+    model = VisionTransformer(ViTConfig(**TINY, num_classes=3))
+    assert precision.inference_precision(model, torch.randn(2, 1, 28, 28)) == "fp32"
+    opt = lambda m: torch.optim.AdamW(m.parameters())  # noqa: E731
+    assert train_precision(model, opt, (2, 1, 28, 28), 3, "cpu") == "fp32"
+    assert tuned["calls"] == []  # no step, no forward pass timed
+    assert autotune.timings("t", "s") == {}  # nothing stored: a decision, not a measurement
 
 
 def test_bad_precision_is_named():

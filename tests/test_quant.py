@@ -143,7 +143,7 @@ def test_auto_errors_are_named():
         optimize(model, "auto")
     with pytest.raises(ValueError, match="auto candidates"):
         optimize(model, "auto", calib=torch.randn(2, 3, 32, 32), candidates=("fp32", "turbo"))
-    with pytest.raises(ValueError, match="candidates= is for mode 'auto'"):
+    with pytest.raises(ValueError, match="candidates= and budget_s= are for mode 'auto'"):
         optimize(model, "int8", candidates=("fp32",))
     with pytest.raises(ValueError, match="example must be images"):
         optimize(model, "auto", calib=torch.randn(2, 3, 32, 32), example=torch.randn(2, 3, 16, 16))

@@ -1,56 +1,150 @@
 """`vitlab.optimize(model, "auto", calib=images)`: the fastest speed mode that keeps the fp32 model's answers.
 
-Each candidate mode is built, checked (top-1 agreement with the fp32 model on every calibration image must reach
-`MIN_AGREEMENT`; a mode below it, or one that cannot run here, counts as not eligible) and timed on the example
-batch (median of a few calls after warm-up). The timings are stored by vitlab.autotune under the kind
-"optimize-mode", keyed by machine and model shape (`shape_key`), so the next call on this machine for a model of
-the same shape builds only the winner. Agreement depends on the weights, not only the shape, so the cached winner is
-checked again on this model's calibration images; when it falls short, the next fastest stored candidate is tried,
-down to fp32 (always eligible).
+1. **Prune by CPU features, before building anything** (`plan_candidates`, from `vitlab.precision.cpu_flags`):
+   no bf16 modes without native bf16 (amx_bf16 / avx512_bf16: emulated bf16 measured 9-10x slower than fp32 on an
+   AVX2-only EPYC), no calibrated int8 modes without int8 dot products (amx_int8 / avx512_vnni / avx_vnni: there
+   OpenVINO int8 ran at 0.51x timm fp32), ONNX Runtime dynamic int8 only there (where it was measured to beat fp32;
+   with VNNI its static int8 and ours win). Modes whose package is missing are skipped too. Each skipped mode and
+   its reason is logged and returned (`fast.auto_report.skipped`). Explicit `candidates=` are taken as given.
+2. **Cheap first, within a time budget** (`budget_s`, default 120 s): the modes that build in seconds (eager
+   bf16, dynamic int8) first, then those that can win by a wide margin (compiled bf16, static int8: tens of seconds
+   to minutes), then the fp32 runtimes and compile. Before each, its cost is estimated from the fp32 forward time
+   (`_BUILD_COST`, measured for ViT-B/16); one that would not fit in what is left of the budget is skipped and said
+   so (not stored: a later call with a larger budget measures it).
+3. **Timed briefly, checked only when it could win**: one warm-up call (the compile modes compile in it), then up
+   to `_ROUNDS` timed calls, fewer when one call is slow; a candidate whose warm-up is already far slower than the
+   best so far is not timed further. Top-1 agreement with the fp32 model on the first `check_images` calibration
+   images must reach `MIN_AGREEMENT` (else not eligible); only candidates faster than the best eligible one so far
+   are checked (a slower one cannot win).
+
+The timings are stored by vitlab.autotune under the kind "optimize-mode", keyed by machine and model shape
+(`shape_key`), so the next call on this machine for a model of the same shape builds only the winner. Agreement
+depends on the weights, not only the shape, so the cached winner is checked again on this model's images; when it
+falls short, the next fastest stored candidate is tried, down to fp32 (always eligible).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import autotune
+from . import autotune, precision
 from ._extras import MissingExtraError
 from .optimize import MODES, OptimizedModel, example_batch, optimize
-from .quant import calibration_tensor, input_chw
+from .quant import DEFAULT_CALIB_IMAGES, calibration_tensor, input_chw
 
-__all__ = ["KIND", "MIN_AGREEMENT", "agreement", "auto_candidates", "select_mode", "shape_key"]
+__all__ = ["KIND", "MIN_AGREEMENT", "AutoReport", "agreement", "auto_candidates", "plan_candidates", "select_mode",
+           "shape_key"]
 
 log = logging.getLogger("vitlab.optimize")
 
 KIND = "optimize-mode"
-MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the calibration images a mode must reach
-_WARMUP, _ROUNDS = 2, 5
+MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the checked calibration images a mode must reach
+BUDGET_S = 120.0  # default time for a first "auto" (ViT-B/16 at 224 px must fit)
+CHECK_IMAGES = 32  # calibration images the agreement is checked on
+_ROUNDS = 3  # timed calls per candidate at most (fewer when one call takes over _SLOW_CALL_S)
+_SLOW_CALL_S = 2.0
+_HOPELESS = 2.0  # a warm-up slower than this many times the best median so far ends a candidate's timing
+
+# Every CPU mode in the order tried: the cheap ones (seconds), then those that can win by a wide margin where the
+# CPU has native bf16 / int8 (compiles and calibrations: tens of seconds to minutes), then the fp32 runtimes and
+# compile (fast to build, rarely the winner where bf16 or int8 is native). Cost of building, compiling (first call)
+# and warming up, in fp32 forward passes of the example batch (t1) plus seconds, from ViT-B/16 batch 8 at 1 thread
+# on this page's Xeon with AMX (t1 = 2.8 s; docs/speed.md "optimize auto"); the calibrated modes add one forward
+# per 8 calibration images (`_estimate`).
+_BUILD_COST: dict[str, tuple[float, float]] = {
+    "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "ort-int8-dynamic": (2.0, 20.0),
+    "compile-bf16": (3.0, 15.0), "int8-static": (4.0, 80.0), "ort-int8": (4.0, 60.0), "openvino-int8": (4.0, 90.0),
+    "openvino": (2.0, 20.0), "ort": (1.0, 10.0), "compile": (3.0, 45.0),
+}
+_CALIBRATED = {"int8-static": DEFAULT_CALIB_IMAGES, "ort-int8": 300, "openvino-int8": 300}  # images each uses at most
+_BF16 = ("bf16", "compile-bf16")
+_LAZY = ("compile", "compile-bf16", "int8-static")  # compiled on the first call
+_STATIC_INT8 = ("int8-static", "ort-int8", "openvino-int8")
+
+
+@dataclass
+class AutoReport:
+    """What a first (or cached) `optimize(model, "auto")` did, as `fast.auto_report`.
+
+    Attributes:
+        host_class: `vitlab.precision.host_class()` of this CPU ("AVX2", "AVX-512", "AVX-512+VNNI", "AMX", "other").
+        chosen: The mode returned.
+        candidates: The modes considered after pruning, in the order tried.
+        skipped: Mode -> why it was not built (CPU features, missing package, time budget, accuracy).
+        timings: Mode -> seconds per call of the example batch (this call's or the stored ones; None: not eligible).
+        build_s: Mode -> seconds this call spent building, checking and timing it.
+        seconds: Wall time of the whole call.
+    """
+
+    host_class: str
+    chosen: str = ""
+    candidates: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float | None] = field(default_factory=dict)
+    build_s: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _installed(mode: str) -> str | None:
+    """Why `mode` cannot be built here for want of a package (None: it can)."""
+    need = {"int8-static": ("torchao",), "openvino": ("openvino",), "openvino-int8": ("openvino", "nncf"),
+            "ort": ("onnxruntime", "onnxscript"), "ort-int8": ("onnxruntime", "onnxscript"),
+            "ort-int8-dynamic": ("onnxruntime", "onnxscript")}.get(mode, ())
+    missing = [p for p in need if importlib.util.find_spec(p) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
+def plan_candidates(device: torch.device | str = "cpu", flags: Collection[str] | None = None
+                    ) -> tuple[list[str], dict[str, str]]:
+    """The modes "auto" tries on `device` (cheapest to build first) and those left out, each with its reason.
+
+    Args:
+        device: Where the model runs; on a GPU the eager and compile modes in fp32 / bf16 / fp16.
+        flags: The CPU's flags (default: this CPU's, `vitlab.precision.cpu_flags()`); when none are known (not
+            Linux x86) nothing is pruned by CPU features.
+
+    Returns:
+        (candidates, skipped): candidates in build-cost order, fp32 first; skipped maps mode -> reason.
+    """
+    if torch.device(device).type != "cpu":
+        return ["fp32", "bf16", "fp16", "compile", "compile-bf16"], {}
+    flags = precision.cpu_flags() if flags is None else flags
+    cls = precision.host_class(flags)
+    bf16, int8 = precision.native_bf16(flags), precision.native_int8(flags)
+    skipped = {"fp16": "no fast fp16 on CPUs (without AVX512-FP16 it is emulated, many times slower)"}
+    out = []
+    for mode in _BUILD_COST:
+        why: str | None
+        if mode in _BF16 and bf16 is False:
+            why = (f"no native bf16 on this {cls} CPU (no {' / '.join(precision.BF16_FLAGS)}): bf16 is emulated, "
+                   "9-10x slower than fp32 on an AVX2-only EPYC")
+        elif mode in _STATIC_INT8 and int8 is False:
+            why = (f"no int8 dot products on this {cls} CPU (no {' / '.join(precision.INT8_FLAGS)}): u8 x s8 pairs "
+                   "add up in int16 (VPMADDUBSW); OpenVINO int8 ran at 0.51x timm fp32 on an AVX2-only EPYC")
+        elif mode == "ort-int8-dynamic" and int8:
+            why = ("this CPU has int8 dot products, where ONNX Runtime's static int8 (ort-int8) and ours are faster "
+                   "(ORT dynamic 0.76 vs static 0.86 img/s on Zen 4); kept for CPUs without VNNI")
+        else:
+            why = _installed(mode)
+        if why:
+            skipped[mode] = why
+        else:
+            out.append(mode)
+    return out, skipped
 
 
 def auto_candidates(device: torch.device | str = "cpu") -> tuple[str, ...]:
-    """The modes "auto" tries by default on `device`, fp32 first (the answer when autotune is off).
-
-    fp16 is left out on CPUs (without AVX512-FP16 it runs emulated, many times slower); the runtime modes only
-    where their package is installed (an optional extra).
-    """
-    import importlib.util
-
-    if torch.device(device).type != "cpu":
-        return ("fp32", "bf16", "fp16", "compile", "compile-bf16")
-    out = ["fp32", "compile", "bf16", "compile-bf16", "int8"]
-    if importlib.util.find_spec("torchao") is not None:
-        out.append("int8-static")
-    if importlib.util.find_spec("openvino") is not None:
-        out += ["openvino"] + (["openvino-int8"] if importlib.util.find_spec("nncf") is not None else [])
-    if importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnxscript") is not None:
-        out += ["ort", "ort-int8"]
-    return tuple(out)
+    """The modes "auto" tries by default on `device` (`plan_candidates`' first half), fp32 first."""
+    return tuple(plan_candidates(device)[0])
 
 
 def shape_key(model: nn.Module, example: torch.Tensor) -> str:
@@ -74,78 +168,150 @@ def agreement(fast: nn.Module, logits: torch.Tensor, images: torch.Tensor, batch
     return same / len(images)
 
 
+def _now() -> float:  # the budget's clock (tests replace it)
+    return time.perf_counter()
+
+
+def _estimate(mode: str, t1: float, n_calib: int) -> float:
+    """Seconds `mode` is expected to take to build, warm up, check and time, from one fp32 forward's `t1`."""
+    passes, fixed = _BUILD_COST.get(mode, (4.0, 60.0))
+    calib = min(n_calib, _CALIBRATED[mode]) / 8 if mode in _CALIBRATED else 0.0  # forwards of 8 images
+    return (passes + calib + 1 + _ROUNDS) * t1 + fixed
+
+
 def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = None,
-                candidates: Sequence[str] | None = None, dynamic: bool | None = None) -> OptimizedModel:
-    """The "auto" mode of `vitlab.optimize` (see the module docstring); its `.mode` is the chosen mode.
+                candidates: Sequence[str] | None = None, dynamic: bool | None = None, budget_s: float = BUDGET_S,
+                check_images: int = CHECK_IMAGES) -> OptimizedModel:
+    """The "auto" mode of `vitlab.optimize` (see the module docstring); its `.mode` is the chosen mode and its
+    `.auto_report` an `AutoReport`.
+
+    Args:
+        budget_s: Seconds a first call may spend building and timing candidates (estimated before each one; fp32
+            is always measured).
+        check_images: Calibration images the top-1 agreement is checked on (the first ones).
 
     Raises:
         ValueError: Bad calibration images or candidates (unknown, repeated, "auto" itself).
     """
+    start = _now()
     ref = next(model.parameters(), None)
     device = ref.device if ref is not None else torch.device("cpu")
-    cands = list(candidates) if candidates is not None else list(auto_candidates(device))
+    report = AutoReport(precision.host_class() if device.type == "cpu" else device.type)
+    if candidates is not None:
+        cands = list(candidates)
+    else:
+        cands, skipped = plan_candidates(device)
+        report.skipped.update(skipped)
     bad = [c for c in cands if c not in MODES or c == "auto"]
-    if bad or not cands:
-        raise ValueError(f"auto candidates must be speed modes other than 'auto'; got {bad or cands}")
+    if bad or not cands or len(set(cands)) != len(cands):
+        raise ValueError(f"auto candidates must be distinct speed modes other than 'auto'; got {bad or cands}")
+    if candidates is None and report.skipped:
+        log.info("auto (%s CPU): skipped without building: %s", report.host_class,
+                 "; ".join(f"{m}: {why}" for m, why in report.skipped.items()))
+    report.candidates = cands
     x = example_batch(model, calib, example).to(device)  # (B, C, H, W): the batch shape timed
-    images = calibration_tensor(calib, input_chw(model), 1 << 62).to(device)  # (N, C, H, W): all of them
+    calib_all = calibration_tensor(calib, input_chw(model), 1 << 62)  # (N, C, H, W): what int8 modes calibrate on
+    images = calib_all[:check_images].to(device)  # (n, C, H, W): the agreement check
     model = model.eval()
+    t = _now()
     with torch.no_grad():
-        logits = torch.cat([model(c) for c in images.split(len(x))])  # (N, classes): the fp32 answers
+        logits = torch.cat([model(c) for c in images.split(len(x))])  # (n, classes): the fp32 answers
+    t1 = (_now() - t) / max(1, -(-len(images) // len(x)))  # seconds of one fp32 forward of a batch like x
     key = shape_key(model, x)
-    best: dict[str, OptimizedModel] = {}  # the fastest built so far, kept to hand back without building it again
+    best: dict[str, OptimizedModel] = {}  # the fastest eligible built so far, handed back without building again
     best_time = [float("inf")]
+    measured: dict[str, float | None] = {}
 
     def build(mode: str) -> OptimizedModel | None:
-        """`mode` built, or None when it cannot run here or falls short of MIN_AGREEMENT on the images."""
         try:
-            fast = optimize(model, mode, dynamic=dynamic, calib=images, example=x)
-            agree = agreement(fast, logits, images, len(x))
+            return optimize(model, mode, dynamic=dynamic, calib=calib_all, example=x)
         except (MissingExtraError, RuntimeError, NotImplementedError, ValueError) as e:  # logged, not hidden
-            log.info("auto: %s cannot run here: %s", mode, str(e).splitlines()[0] if str(e) else type(e).__name__)
+            report.skipped[mode] = f"cannot run here: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            log.info("auto: %s %s", mode, report.skipped[mode])
             return None
-        if agree < MIN_AGREEMENT:
-            log.info("auto: %s agrees with fp32 on %.2f%% of %d images (< %.0f%%): not eligible", mode,
-                     100 * agree, len(images), 100 * MIN_AGREEMENT)
-            return None
-        return fast
 
-    def measure(mode: str) -> float | None:
-        fast = build(mode)
-        if fast is None:
-            return None
-        with torch.no_grad():
-            for _ in range(_WARMUP):
-                fast(x)
-            times = []
-            for _ in range(_ROUNDS):
-                t = _clock(device)
-                fast(x)
-                times.append(_clock(device) - t)
-        seconds = statistics.median(times)
+    def eligible(mode: str, fast: OptimizedModel) -> bool:
+        if mode == "fp32":
+            return True  # the reference itself
+        agree = agreement(fast, logits, images, len(x))
+        if agree < MIN_AGREEMENT:
+            report.skipped[mode] = (f"agrees with fp32 on {100 * agree:.2f}% of {len(images)} images "
+                                    f"(< {100 * MIN_AGREEMENT:.0f}%)")
+            log.info("auto: %s %s: not eligible", mode, report.skipped[mode])
+            return False
+        return True
+
+    def measure(mode: str) -> Any:
+        left = start + budget_s - _now()
+        cost = _estimate(mode, t1, len(calib_all))
+        if mode != "fp32" and cost > left:
+            report.skipped[mode] = f"time budget: ~{cost:.0f} s to build and time, {max(left, 0):.0f} s left of " \
+                                   f"{budget_s:.0f} s"
+            log.info("auto: %s skipped: %s", mode, report.skipped[mode])
+            return autotune.NOT_NOW
+        t0 = _now()
+        try:
+            fast = build(mode)
+            if fast is None:
+                return None
+            seconds = _time(fast, x, device, best_time[0], lazy=mode in _LAZY)
+            if seconds < best_time[0] and not eligible(mode, fast):
+                measured[mode] = None
+                return None
+            measured[mode] = seconds
+        finally:
+            report.build_s[mode] = _now() - t0
+        log.info("auto: %s %.0f ms per batch of %d (built, checked and timed in %.1f s)", mode, seconds * 1e3,
+                 len(x), report.build_s[mode])
         if seconds < best_time[0]:
             best.clear()
             best[mode], best_time[0] = fast, seconds
         return seconds
 
     winner = autotune.cached_choice(KIND, key, cands, measure, device=device)
-    if winner in best:
-        return best[winner]
-    # cached (or autotune off): build it, and check agreement for this model's weights; fall back in time order
-    stored = autotune.timings(KIND, key, device=device)
-    faster = sorted((c for c in cands if c != winner and stored.get(c) is not None), key=lambda c: stored[c] or 0.0)
-    order = [winner, *faster]
-    for mode in [*order, *(["fp32"] if "fp32" not in order else [])]:
-        fast = build(mode)
-        if fast is not None:
-            return fast
-        log.info("auto: stored winner %s is not eligible for this model; trying the next", mode)
-    raise AssertionError("unreachable: fp32 always agrees with itself")  # pragma: no cover
+    stored = {**autotune.timings(KIND, key, device=device), **measured}
+    report.timings = {c: stored[c] for c in cands if c in stored}
+    fast = best.get(winner)
+    if fast is None:
+        # cached (or autotune off): build it, and check agreement for this model's weights; fall back in time order
+        faster = sorted((c for c in cands if c != winner and stored.get(c) is not None), key=lambda c: stored[c] or 0.)
+        for mode in [winner, *faster, *(["fp32"] if winner != "fp32" and "fp32" not in faster else [])]:
+            got = build(mode)
+            if got is not None and eligible(mode, got):
+                fast = got
+                break
+            log.info("auto: stored winner %s is not eligible for this model; trying the next", mode)
+    assert fast is not None  # fp32 always agrees with itself
+    report.chosen, report.seconds = fast.mode, _now() - start
+    fast.auto_report = report
+    times = ", ".join(f"{c} {s * 1e3:.0f} ms" if s is not None else f"{c} n/a" for c, s in report.timings.items())
+    log.info("auto (%s CPU) -> %s in %.0f s: %s per batch of %d%s", report.host_class, report.chosen,
+             report.seconds, times or "not measured", len(x),
+             f"; skipped {', '.join(report.skipped)}" if report.skipped else "")
+    return fast
+
+
+@torch.no_grad()
+def _time(fast: nn.Module, x: torch.Tensor, device: torch.device, best: float, lazy: bool = False) -> float:
+    """Median seconds of `fast(x)` after one warm-up call (two when `lazy`: the first compiles); up to `_ROUNDS`
+    calls, one when a call is slow, none after the warm-up when it was already `_HOPELESS` times slower than `best`
+    (returned as the warm-up's time)."""
+    if lazy:
+        fast(x)
+    t = _clock(device)
+    fast(x)
+    warm = _clock(device) - t
+    if warm > _HOPELESS * best:
+        return warm
+    times = []
+    for _ in range(_ROUNDS if warm < _SLOW_CALL_S else 1):
+        t = _clock(device)
+        fast(x)
+        times.append(_clock(device) - t)
+    return statistics.median(times)
 
 
 def _clock(device: torch.device) -> float:
-    import time
-
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter()
+    return _now()

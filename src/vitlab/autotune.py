@@ -30,14 +30,18 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import precision
 from .io import OutputError, write_atomic
 
-__all__ = ["CACHE_NAME", "cached_choice", "default_cache", "forget", "machine_key", "mode", "timings"]
+__all__ = ["CACHE_NAME", "NOT_NOW", "cached_choice", "default_cache", "forget", "machine_key", "mode", "timings"]
 
 log = logging.getLogger("vitlab.autotune")
 
 CACHE_NAME = "autotune.json"
 _FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")  # what decides bf16 / int8 speed on x86
+NOT_NOW: Any = type("NotNow", (), {"__repr__": lambda self: "autotune.NOT_NOW"})()
+"""What `measure` returns for a candidate it did not measure this time (e.g. out of a time budget): not eligible
+now, and not stored, so a later call measures it (unlike None, "cannot run here", which is stored)."""
 _MODES = {"on": "on", "1": "on", "true": "on", "yes": "on", "": "on",
           "off": "off", "0": "off", "false": "off", "no": "off", "refresh": "refresh"}
 
@@ -59,25 +63,10 @@ def default_cache() -> Path:
     return Path(base).expanduser() / "vitlab" / CACHE_NAME
 
 
-def _cpu_model_and_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
-    """The CPU's model name and which of `_FLAGS` it has (Linux /proc/cpuinfo; the platform's name elsewhere)."""
-    name, flags = "", set[str]()
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not name:
-                    name = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    if not name:
-        import platform
-
-        name = platform.processor() or platform.machine() or "unknown cpu"
-    return name, [f for f in _FLAGS if f in flags]
+def _cpu_model_and_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and which of `_FLAGS` it has (`vitlab.precision.cpu_model` / `cpu_flags`)."""
+    flags = precision.cpu_flags()
+    return precision.cpu_model(), [f for f in _FLAGS if f in flags]
 
 
 def machine_key(device: Any = "cpu") -> str:
@@ -224,8 +213,9 @@ def cached_choice(kind: str, shape_key: str, candidates: Sequence[str], measure:
         kind: What is being chosen, e.g. "train-precision" (one namespace per caller).
         shape_key: The shape of the work, e.g. "vit_small_patch16 img224 b32": a timing holds only for its shape.
         candidates: Names to choose from; the first is the answer when measuring is off (`VITLAB_AUTOTUNE=off`).
-        measure: `measure(candidate)` -> seconds per call (lower wins), or None when the candidate cannot run here.
-            Called only for candidates without a stored timing; its exceptions propagate.
+        measure: `measure(candidate)` -> seconds per call (lower wins), None when the candidate cannot run here,
+            or `NOT_NOW` when it was not measured this time (neither eligible nor stored). Called only for
+            candidates without a stored timing, in order; its exceptions propagate.
         cache: The JSON file; default `default_cache()`.
         device: The device the work runs on (part of `machine_key`).
 
@@ -247,7 +237,11 @@ def cached_choice(kind: str, shape_key: str, candidates: Sequence[str], measure:
         how, stored = "refresh", {}
     else:
         stored = _stored(entry)
-    fresh = {c: _seconds(kind, c, measure(c)) for c in cands if c not in stored}
+    fresh: dict[str, float | None] = {}
+    for c in cands:
+        if c not in stored and (got := measure(c)) is not NOT_NOW:
+            fresh[c] = _seconds(kind, c, got)
+    cands = [c for c in cands if c in stored or c in fresh]  # without those not measured now
     t = {c: fresh[c] if c in fresh else stored[c] for c in cands}
     eligible = [c for c in cands if t[c] is not None]
     if not eligible:

@@ -20,8 +20,13 @@ Modes (see docs/speed.md for what each costs in accuracy and what it gains on a 
     openvino, openvino-int8, ort, ort-int8
                   the model run by OpenVINO / ONNX Runtime (vitlab.deploy), int8 calibrated on `calib`
                   (OpenVINO: NNCF post-training quantisation; ORT: static QDQ)
-    auto          measure the candidate modes once per machine and model shape (vitlab.autotune, kind
-                  "optimize-mode"), keep those whose top-1 agrees with fp32 on >= 99% of `calib`, take the fastest
+    ort-int8-dynamic
+                  ONNX Runtime dynamic int8 (weights int8, activations quantised per call; no calibration): the
+                  int8 that still beats fp32 on x86 CPUs without VNNI
+    auto          the candidate modes this CPU can run fast (vitlab.autoselect.plan_candidates: pruned by CPU
+                  flags before anything is built), measured once per machine and model shape (vitlab.autotune, kind
+                  "optimize-mode") within a time budget; the fastest whose top-1 agrees with fp32 on >= 99% of
+                  the checked `calib` images wins. `fast.auto_report` says what was measured, skipped and why
 
 The returned `OptimizedModel` takes and returns fp32 tensors; it is for inference only.
 """
@@ -36,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-RUNTIME_MODES = ("openvino", "openvino-int8", "ort", "ort-int8")
+RUNTIME_MODES = ("openvino", "openvino-int8", "ort", "ort-int8", "ort-int8-dynamic")
 MODES = ("fp32", "bf16", "fp16", "compile", "compile-bf16", "int8", "int8-static", *RUNTIME_MODES, "auto")
 CALIBRATED_MODES = ("int8-static", "openvino-int8", "ort-int8", "auto")  # these need `calib`
 
@@ -59,6 +64,7 @@ class OptimizedModel(nn.Module):
         self.mode = mode
         self.dtype = dtype
         self._run = compiled if compiled is not None else module
+        self.auto_report: Any = None  # mode "auto": its vitlab.autoselect.AutoReport (candidates, timings, skipped)
         super().train(False)  # born in eval mode: callers that save and restore `.training` never ask for train
 
     @torch.inference_mode()
@@ -75,7 +81,8 @@ class OptimizedModel(nn.Module):
 
 
 def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = None, calib: Any = None,
-             example: torch.Tensor | None = None, candidates: Sequence[str] | None = None) -> OptimizedModel:
+             example: torch.Tensor | None = None, candidates: Sequence[str] | None = None,
+             budget_s: float | None = None) -> OptimizedModel:
     """Return a faster inference copy of `model` (the original is not modified).
 
     Args:
@@ -88,7 +95,10 @@ def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = Non
             checks top-1 agreement with fp32 on them (all of them; the int8 modes calibrate on at most 128).
         example: Images of the batch shape to run ((B, C, H, W)): what "auto" times and the runtimes build for
             (default: the first 8 calibration images, or zeros of the model's input shape).
-        candidates: The modes "auto" chooses among (default `auto_candidates()`: those that can run here).
+        candidates: The modes "auto" chooses among (default: `vitlab.autoselect.plan_candidates()`, the modes
+            this CPU's features let be fast; explicit candidates are taken as given).
+        budget_s: Seconds a first "auto" may spend building and timing (default `vitlab.autoselect.BUDGET_S`,
+            120 s); candidates whose estimated cost no longer fits are skipped and said so.
 
     Returns:
         An `OptimizedModel` that takes fp32 (or any float) images and returns fp32 logits.
@@ -104,12 +114,13 @@ def optimize(model: nn.Module, mode: str = "fp32", *, dynamic: bool | None = Non
     if mode in CALIBRATED_MODES and calib is None:
         raise ValueError(f"mode {mode!r} needs calibration images: optimize(model, {mode!r}, calib=images), with a "
                          "few real images prepared as for the model")
-    if candidates is not None and mode != "auto":
-        raise ValueError(f"candidates= is for mode 'auto', not {mode!r}")
+    if (candidates is not None or budget_s is not None) and mode != "auto":
+        raise ValueError(f"candidates= and budget_s= are for mode 'auto', not {mode!r}")
     if mode == "auto":
-        from .autoselect import select_mode
+        from .autoselect import BUDGET_S, select_mode
 
-        return select_mode(model, calib, example=example, candidates=candidates, dynamic=dynamic)
+        return select_mode(model, calib, example=example, candidates=candidates, dynamic=dynamic,
+                           budget_s=BUDGET_S if budget_s is None else budget_s)
     ref = next(model.parameters(), None)
     device = ref.device if ref is not None else torch.device("cpu")
     if mode in RUNTIME_MODES:
@@ -156,9 +167,13 @@ def _runtime(model: nn.Module, mode: str, calib: Any, example: torch.Tensor | No
         raise RuntimeError(f"mode {mode!r} runs on the CPU only (the model is on {device}); move it with .cpu()")
     from . import deploy
 
-    int8 = mode.endswith("-int8")
     x = example_batch(model, calib, example)
     m = copy.deepcopy(model).eval().requires_grad_(False)
+    if mode == "ort-int8-dynamic":
+        fast = deploy.to_onnxruntime(m, x, int8=True, method="dynamic")
+        fast.mode = mode
+        return fast
+    int8 = mode.endswith("-int8")
     if mode.startswith("openvino"):
         return deploy.to_openvino(m, x, int8=int8, calib=calib if int8 else None)
     return deploy.to_onnxruntime(m, x, int8=int8, calib=calib if int8 else None)

@@ -6,8 +6,13 @@ on the CPU and the work (an Intel AVX-512 host without AMX measured bf16 slower 
 avx512_bf16 runs bf16 GEMMs at about twice the fp32 rate), and the casts autocast adds weigh more on small models.
 So "auto" is decided by measuring this model's own step in each precision on this machine (`choose_precision`):
 a few interleaved steps of each, the winner cached per machine and shape by `vitlab.autotune` (later runs read it
-back). `VITLAB_AUTOTUNE=off` keeps the rule of thumb (`rule_precision`): bf16 on a CUDA GPU with bf16 or a CPU
-with AMX, else fp32. On a GPU the rule is used without measuring (bf16 tensor cores win there).
+back). A CPU without native bf16 (no amx_bf16 / avx512_bf16: an AVX2-only host, an AVX-512 host before Cooper
+Lake) takes fp32 without measuring: bf16 is emulated there (9-10x slower on an AVX2 EPYC) and its trial steps alone
+would take minutes. `VITLAB_AUTOTUNE=off` keeps the rule of thumb (`rule_precision`): bf16 on a CUDA GPU with bf16
+or a CPU with AMX, else fp32. On a GPU the rule is used without measuring (bf16 tensor cores win there).
+
+`host_class()` names the kind of x86 CPU (AVX2 / AVX-512 / AVX-512+VNNI / AMX) from `cpu_flags()`, the one reader
+of /proc/cpuinfo that vitlab.optimize, vitlab.autotune and vitlab.bench share.
 
 Training measures with `vitlab.train.tune.train_precision`, inference with `inference_precision` (used by
 `vitlab.evaluate`). torch is imported only when a function runs: recipes validate without it.
@@ -20,7 +25,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -48,9 +53,59 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
+@functools.cache
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This CPU's model name (Linux: "model name" in /proc/cpuinfo; else the platform's processor name)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
     return "amx_bf16" in cpu_flags(cpuinfo)
+
+
+# -- host classes: what decides which precisions and int8 kernels can be fast on an x86 CPU ------------------------
+
+HOST_CLASSES = ("AVX2", "AVX-512", "AVX-512+VNNI", "AMX", "other")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products (AMX tiles, VDPBF16PS)
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # int8 dot products accumulated in int32 (AMX tiles, VPDPBUSD)
+
+
+def host_class(flags: Collection[str] | None = None) -> str:
+    """The class of x86 CPU that `flags` (default: this CPU's, `cpu_flags()`) describe, for speed decisions and
+    for labelling measurements: "AMX" (amx_bf16 / amx_int8 tiles), "AVX-512+VNNI", "AVX-512", "AVX2", or "other"
+    (no x86 flags known: another architecture or OS). An AVX2 CPU with AVX-VNNI (Alder Lake and later) is class
+    "AVX2"; `native_int8` tells its int8 apart."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags or "amx_int8" in flags:
+        return "AMX"
+    if "avx512f" in flags:
+        return "AVX-512+VNNI" if "avx512_vnni" in flags else "AVX-512"
+    return "AVX2" if "avx2" in flags else "other"
+
+
+def native_bf16(flags: Collection[str] | None = None) -> bool | None:
+    """Whether the CPU computes bf16 dot products natively (amx_bf16 or avx512_bf16); None when its flags are
+    unknown (not Linux x86). Without them torch and oneDNN convert bf16 to fp32 around every multiply."""
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in BF16_FLAGS) if flags else None
+
+
+def native_int8(flags: Collection[str] | None = None) -> bool | None:
+    """Whether the CPU accumulates int8 products in int32 natively (amx_int8, avx512_vnni or avx_vnni); None when
+    its flags are unknown. Without them x86 int8 GEMMs use VPMADDUBSW (u8 x s8 pairs summed in int16)."""
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in INT8_FLAGS) if flags else None
 
 
 def _check(precision: str) -> None:
@@ -135,8 +190,10 @@ def choose_precision(precision: str, device: torch.device | str, *, kind: str, s
     """`precision` itself unless it is "auto"; then the faster of fp32 and bf16 for `run(precision)` on this
     machine, measured once (`time_interleaved`) and cached per machine and `shape_key` (`vitlab.autotune`).
 
-    The rule of thumb (`rule_precision`) is the answer on a GPU and with `VITLAB_AUTOTUNE=off`. A log line
-    (logger "vitlab.precision") says what was measured and chosen.
+    The rule of thumb (`rule_precision`) is the answer on a GPU and with `VITLAB_AUTOTUNE=off`. On a CPU without
+    native bf16 (`native_bf16()` False: no amx_bf16 / avx512_bf16) the answer is fp32 without measuring: there the
+    bf16 trial steps alone would cost minutes. A log line (logger "vitlab.precision") says what was measured and
+    chosen, or why nothing was.
 
     Args:
         kind: The autotune kind ("train-precision", "infer-precision").
@@ -160,6 +217,11 @@ def choose_precision(precision: str, device: torch.device | str, *, kind: str, s
         log.info("precision auto -> %s (VITLAB_AUTOTUNE=off: the CPU-flag rule, %s)", rule,
                  "AMX" if cpu_has_amx() else "no AMX")
         return rule
+    if native_bf16() is False:  # known x86 flags without bf16 dot products: bf16 cannot win, and costs to measure
+        log.info("precision auto -> fp32 (not measured: this CPU (%s) has no native bf16 (%s), so bf16 runs "
+                 "emulated; an AVX2-only EPYC measured it 9-10x slower than fp32)", host_class(),
+                 " / ".join(BF16_FLAGS))
+        return "fp32"
     candidates = [rule, "bf16" if rule == "fp32" else "fp32"]  # the rule's answer first: the fallback
     timed: dict[str, float] = {}
 

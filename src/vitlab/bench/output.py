@@ -28,12 +28,12 @@ def format_table(out: dict) -> str:
     vit = out["config"]["vit"]
     lines = [
         f"{out['config']['model']} at {vit['img_size']} px (depth {vit['depth']}, width {vit['embed_dim']}); "
-        f"{m['cpu']}, {m['torch_threads']} threads, torch {m['torch']}; load {m['loadavg_start']} -> "
-        f"{m.get('loadavg_end')}",
+        f"host class {m.get('host_class', '?')}{_emulation(m)}: {m['cpu']}, {m['torch_threads']} threads, "
+        f"torch {m['torch']}; load {m['loadavg_start']} -> {m.get('loadavg_end')}",
         f"matmul peak GFLOP/s: {peaks}",
     ]
-    head = (f"{'task':<6}{'batch':>6} {'candidate':<22}{'dtype':<6}{'img/s':>9}{'(min-max)':>18}{'lat ms':>10}"
-            f"{'GFLOP/s':>9}{'MFU':>7}{'mem MiB':>9}{'agree':>8}{'max|d|':>9}  ratio (peer time / ours)")
+    head = (f"{'host':<13}{'task':<6}{'batch':>6} {'candidate':<22}{'dtype':<6}{'img/s':>9}{'(min-max)':>18}"
+            f"{'lat ms':>10}{'GFLOP/s':>9}{'MFU':>7}{'mem MiB':>9}{'agree':>8}{'max|d|':>9}  ratio (peer time / ours)")
     lines += [head, "-" * len(head)]
     for r in out["results"]:
         ratios = " ".join(f"{k} {v:.2f}x" for k, v in r["ratio_vs"].items())
@@ -43,6 +43,7 @@ def format_table(out: dict) -> str:
         agree = f"{100 * r['agreement']:.1f}%" if r.get("agreement") is not None else "-"
         diff = f"{r['max_logit_diff']:.2g}" if r.get("max_logit_diff") is not None else "-"
         lines.append(
+            f"{r.get('host_class', m.get('host_class', '?')):<13}"
             f"{r['task']:<6}{r['batch']:>6} {r['name']:<22}{r['dtype']:<6}{r['images_per_s']:>9.1f}{rng:>18}"
             f"{r['latency_ms']:>10.1f}{r['gflops_per_s']:>9.1f}{mfu:>7}{mem:>9}{agree:>8}{diff:>9}  {ratios}"
         )
@@ -54,6 +55,12 @@ def format_table(out: dict) -> str:
     for k, v in out.get("skipped", {}).items():
         lines.append(f"skipped {k}: {v}")
     return "\n".join(lines)
+
+
+def _emulation(machine: dict) -> str:
+    """", kernels as ISA=..." when the run forced lesser kernels through the environment (`timing.EMULATION_VARS`)."""
+    emu = machine.get("emulation")
+    return f" (kernels emulated: {' '.join(f'{k}={v}' for k, v in emu.items())})" if emu else ""
 
 
 def plot_results(out: dict) -> Figure:
@@ -80,7 +87,8 @@ def plot_results(out: dict) -> Figure:
         ax.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"{task} {dname} b={b}", fontsize=9)
         ax.set_ylabel("images/s" if ax is axes[0][0] else "")
-    fig.suptitle(f"{out['config']['model']} @ {out['config']['img_size']} px on {out['machine']['cpu']}", fontsize=9)
+    fig.suptitle(f"{out['config']['model']} @ {out['config']['img_size']} px on {out['machine']['cpu']} "
+                 f"({out['machine'].get('host_class', '?')}{_emulation(out['machine'])})", fontsize=9)
     return fig
 
 

@@ -179,7 +179,8 @@ def run_bench(bc: BenchConfig) -> dict:
         results += _bench_training(ours, bc, bc.train_batch, cfg, peaks, skipped)
     _paired_ratios(results)
     out["skipped"] = skipped
-    out["results"] = [r.summary() for r in results]
+    host = out["machine"]["host_class"]
+    out["results"] = [{"host_class": host, **r.summary()} for r in results]  # every number says its CPU class
     out["machine"]["loadavg_end"] = loadavg()
     return out
 

@@ -15,9 +15,14 @@ import platform
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from .. import precision
+
+EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def sync(device: str | torch.device) -> None:
@@ -114,19 +119,22 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> int | None:
 
 
 def machine_info() -> dict:
-    """CPU model, cores, threads, library versions and the current load: what a result is only valid for."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    info = {
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    """CPU model, its host class (`vitlab.precision.host_class`: AVX2 / AVX-512 / AVX-512+VNNI / AMX) and the flags
+    behind it, cores, threads, library versions and the current load: what a result is only valid for. Emulation
+    switches in the environment (`EMULATION_VARS`) are recorded
+    under "emulation": the kernels ran as on a lesser CPU, the host class names the real one."""
+    flags = precision.cpu_flags()
+    info: dict[str, Any] = {
+        "cpu": precision.cpu_model(), "host_class": precision.host_class(flags),
+        "cpu_flags": [f for f in (*precision.BF16_FLAGS, *precision.INT8_FLAGS, "avx512f", "avx2") if f in flags],
+        "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "loadavg_start": loadavg(),
     }
+    emulated = {k: os.environ[k] for k in EMULATION_VARS if os.environ.get(k)}
+    if emulated:
+        info["emulation"] = emulated
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     for lib in ("timm", "transformers", "torchvision", "onnxruntime"):

@@ -1,0 +1,163 @@
+"""`optimize(model, "auto")` on each class of CPU: the candidates are pruned by the CPU's flags before anything is
+built (faked /proc/cpuinfo flag sets here), cheap ones come first, a time budget bounds the first call, and what
+was skipped is said (returned and logged)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+import vitlab
+from vitlab import autoselect, autotune, precision
+from vitlab.optimize import OptimizedModel, optimize
+
+from .conftest import perturb_
+
+FLAGS = {  # what /proc/cpuinfo lists on each class (abridged to the flags that matter)
+    "AVX2": {"fpu", "sse4_2", "avx", "avx2", "fma"},  # the AVX2-only EPYC of issue 26
+    "AVX-512": {"avx2", "fma", "avx512f", "avx512bw", "avx512vl"},  # Skylake-SP
+    "AVX-512+VNNI": {"avx2", "avx512f", "avx512_vnni", "avx512_bf16"},  # Zen 4, Cooper Lake
+    "AMX": {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"},  # Sapphire Rapids
+}
+BF16_MODES = {"bf16", "compile-bf16"}
+STATIC_INT8 = {"int8-static", "ort-int8", "openvino-int8"}
+
+
+def _fake_cpu(monkeypatch, cls: str) -> None:
+    flags = frozenset(FLAGS[cls])
+    monkeypatch.setattr(precision, "cpu_flags", lambda *a: flags)
+
+
+def _tiny():
+    model = vitlab.create_model("ViT-Ti/16", depth=1, img_size=32, patch_size=8, num_classes=10)
+    return perturb_(model, scale=0.05).eval()
+
+
+@pytest.mark.parametrize("cls", list(FLAGS))
+def test_host_class_from_flags(cls):
+    assert precision.host_class(FLAGS[cls]) == cls
+    assert precision.host_class(set()) == "other"
+    assert precision.native_bf16(FLAGS[cls]) is (cls in ("AVX-512+VNNI", "AMX"))
+    assert precision.native_int8(FLAGS[cls]) is (cls in ("AVX-512+VNNI", "AMX"))
+    assert precision.native_bf16(set()) is None and precision.native_int8(set()) is None  # unknown, not "no"
+
+
+def test_candidates_follow_the_cpu_flags():
+    plans = {cls: autoselect.plan_candidates("cpu", FLAGS[cls]) for cls in FLAGS}
+    for cands, skipped in plans.values():
+        assert cands[0] == "fp32" and not set(cands) & set(skipped)
+        order = list(autoselect._BUILD_COST)
+        assert cands == sorted(cands, key=order.index)  # cheap first, then the likely winners, then the rest
+        assert "fp16" in skipped and "int8" in cands  # FBGEMM dynamic int8: cheap, and beats fp32 without VNNI too
+    avx2, skipped = plans["AVX2"]
+    assert not (BF16_MODES | STATIC_INT8) & set(avx2)
+    assert all("no native bf16" in skipped[m] and "avx512_bf16" in skipped[m] for m in BF16_MODES)
+    assert all("no int8 dot products" in skipped[m] and "avx512_vnni" in skipped[m] for m in STATIC_INT8)
+    assert not BF16_MODES & set(plans["AVX-512"][0])  # AVX-512 without bf16 (Skylake): emulated bf16 too
+    amx, skipped = plans["AMX"]
+    assert set(amx) >= BF16_MODES and "ort-int8-dynamic" in skipped  # static int8 is the better int8 there
+    for cls in ("AVX-512+VNNI", "AMX"):
+        assert set(plans[cls][0]) >= BF16_MODES
+    if autoselect._installed("ort-int8-dynamic") is None:
+        assert "ort-int8-dynamic" in avx2  # the int8 measured to beat fp32 on the AVX2 EPYC
+    for mode in STATIC_INT8 - {"int8-static"}:
+        if autoselect._installed(mode) is None:
+            assert mode in amx
+    unknown, _ = autoselect.plan_candidates("cpu", set())  # flags unknown (not Linux x86): nothing pruned by them
+    assert set(unknown) >= BF16_MODES and "int8-static" not in autoselect.plan_candidates("cpu", set())[1]
+
+
+def _fake_builds(monkeypatch, seconds: dict[str, float], refuse: set[str] | None = None) -> list[str]:
+    """optimize() replaced: each mode "builds" as an fp32 copy whose calls advance a fake clock by `seconds[mode]`;
+    a mode in `refuse` raises if it is ever built. Returns the list of modes built."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(autoselect, "_now", lambda: clock["now"])
+    built: list[str] = []
+
+    class Timed(torch.nn.Module):
+        def __init__(self, model, mode):
+            super().__init__()
+            self.model, self.mode = model, mode
+
+        def forward(self, x):
+            clock["now"] += seconds.get(self.mode, 1.5)
+            return self.model(x)
+
+    def build(model, mode, **kw):
+        if refuse and mode in refuse:
+            raise AssertionError(f"{mode} was pruned and must not be built")
+        built.append(mode)
+        clock["now"] += 1.0  # building costs a second
+        return OptimizedModel(Timed(copy.deepcopy(model), mode), mode, torch.float32)
+
+    monkeypatch.setattr(autoselect, "optimize", build)
+    return built
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_AUTOTUNE", "on")
+    monkeypatch.setenv("VITLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_load", lambda: 0.5)
+
+
+@pytest.mark.parametrize("cls", ["AVX2", "AMX"])
+def test_pruned_candidates_are_never_built(tuned, monkeypatch, caplog, cls):
+    _fake_cpu(monkeypatch, cls)
+    cands, skipped = autoselect.plan_candidates("cpu")
+    built = _fake_builds(monkeypatch, {"fp32": 2.0, "int8": 1.0, "bf16": 0.5}, refuse=set(skipped))
+    caplog.set_level(logging.INFO, logger="vitlab.optimize")
+    fast = optimize(_tiny(), "auto", calib=torch.randn(8, 3, 32, 32), budget_s=1e6)
+    assert built == cands  # every planned candidate built, in cost order; no pruned one
+    report = fast.auto_report
+    assert report.host_class == cls and report.candidates == cands
+    assert {m: report.skipped[m] for m in skipped} == skipped
+    assert fast.mode == ("bf16" if cls == "AMX" else "int8")  # fastest on the fake clock, and it agrees
+    assert f"auto ({cls} CPU): skipped without building" in caplog.text
+    assert f"auto ({cls} CPU) -> {fast.mode}" in caplog.text
+    if cls == "AVX2":
+        assert "bf16: no native bf16" in caplog.text
+
+
+def test_time_budget_skips_expensive_candidates_and_leaves_them_unmeasured(tuned, monkeypatch):
+    _fake_cpu(monkeypatch, "AMX")
+    cands = ["fp32", "int8", "compile", "int8-static"]
+    built = _fake_builds(monkeypatch, {"fp32": 2.0, "int8": 1.0, "compile": 0.8, "int8-static": 0.1})
+    model, calib = _tiny(), torch.randn(8, 3, 32, 32)
+    # the reference forward runs the real model (0 s on the fake clock), so the estimates are the fixed parts:
+    # fp32 and int8 take ~14 s, then compile's estimate fits in what is left, and int8-static's no longer does
+    budget = autoselect._BUILD_COST["compile"][1] + 25
+    assert autoselect._BUILD_COST["int8-static"][1] > 25
+    fast = optimize(model, "auto", calib=calib, candidates=cands, budget_s=budget)
+    assert built == ["fp32", "int8", "compile"] and fast.mode == "compile"
+    assert fast.auto_report.skipped["int8-static"].startswith("time budget: ~")
+    stored = autotune.timings(autoselect.KIND, autoselect.shape_key(model, calib))
+    assert set(stored) == {"fp32", "int8", "compile"}  # the skipped one is not stored as "cannot run"
+    built.clear()
+    again = optimize(model, "auto", calib=calib, candidates=cands, budget_s=1e6)
+    assert built == ["int8-static"] and again.mode == "int8-static"  # measured later, alone
+
+
+def test_slow_candidates_are_not_checked_and_hopeless_ones_not_timed(tuned, monkeypatch):
+    _fake_cpu(monkeypatch, "AVX2")
+    calls: list[str] = []
+    built = _fake_builds(monkeypatch, {"fp32": 1.0, "int8": 0.5, "compile": 5.0})
+    real = autoselect.agreement
+    monkeypatch.setattr(autoselect, "agreement", lambda fast, *a: calls.append(fast.mode) or real(fast, *a))
+    fast = optimize(_tiny(), "auto", calib=torch.randn(8, 3, 32, 32), candidates=["fp32", "int8", "compile"],
+                    budget_s=1e6)
+    assert built == ["fp32", "int8", "compile"] and fast.mode == "int8"
+    assert calls == ["int8"]  # fp32 is the reference, compile is slower than int8: neither is checked
+    assert fast.auto_report.timings["compile"] == 5.0  # its two warm-up calls only: hopeless after them
+
+
+def test_not_now_is_neither_eligible_nor_stored(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITLAB_AUTOTUNE", "on")
+    cache = tmp_path / "c.json"
+    got = autotune.cached_choice("k", "s", ["a", "b", "c"],
+                                 {"a": 2.0, "b": autotune.NOT_NOW, "c": None}.get, cache=cache)
+    assert got == "a" and autotune.timings("k", "s", cache=cache) == {"a": 2.0, "c": None}
+    assert autotune.cached_choice("k", "s", ["a", "b", "c"], {"b": 1.0}.get, cache=cache) == "b"
