@@ -51,7 +51,8 @@ def test_candidates_follow_the_cpu_flags():
         assert cands[0] == "fp32" and not set(cands) & set(skipped)
         order = list(autoselect._BUILD_COST)
         assert cands == sorted(cands, key=order.index)  # cheap first, then the likely winners, then the rest
-        assert "fp16" in skipped and "int8" in cands  # FBGEMM dynamic int8: cheap, and beats fp32 without VNNI too
+        assert "fp16" in skipped and "compile" in skipped
+        assert "int8" in cands  # FBGEMM dynamic int8: cheap, and beats fp32 without VNNI too
     avx2, skipped = plans["AVX2"]
     assert not (BF16_MODES | STATIC_INT8) & set(avx2)
     assert all("no native bf16" in skipped[m] and "avx512_bf16" in skipped[m] for m in BF16_MODES)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vitlab
+from vitlab import precision
 from vitlab.bench import (
     BUILDERS,
     BenchConfig,
@@ -22,6 +23,7 @@ from vitlab.bench import (
     write_outputs,
 )
 from vitlab.bench.suite import _paired_ratios
+from vitlab.bench.timing import EMULATION_VARS, machine_info
 
 from .conftest import perturb_
 
@@ -108,3 +110,21 @@ def test_tiny_bench_end_to_end(tmp_path, caplog):
         if r["name"] == "ours":
             assert f"timm/{r['dtype']}" in r["ratio_vs"]
     assert "ours[int8]" in format_table(out)
+    host = precision.host_class()  # every number says the class of CPU it was measured on
+    assert data["machine"]["host_class"] == host and all(r["host_class"] == host for r in data["results"])
+    table = format_table(out).splitlines()
+    rows = [line.split() for line in table if line.split()[1:2] in (["infer"], ["train"])]
+    assert f"host class {host}" in table[0] and len(rows) == len(data["results"]) and all(r[0] == host for r in rows)
+
+
+def test_machine_info_names_the_host_class_and_emulation(monkeypatch):
+    from vitlab.bench.output import _emulation
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda *a: frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    for var in EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    info = machine_info()
+    assert info["host_class"] == "AVX-512+VNNI" and info["cpu_flags"] == ["avx512_vnni", "avx512f", "avx2"]
+    assert info["emulation"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert _emulation(info) == " (kernels emulated: ONEDNN_MAX_CPU_ISA=AVX2)"

@@ -62,7 +62,7 @@ _HOPELESS = 2.0  # a warm-up slower than this many times the best median so far 
 # per 8 calibration images (`_estimate`).
 _BUILD_COST: dict[str, tuple[float, float]] = {
     "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "ort-int8-dynamic": (2.0, 20.0),
-    "compile-bf16": (3.0, 15.0), "int8-static": (4.0, 80.0), "ort-int8": (4.0, 60.0), "openvino-int8": (4.0, 90.0),
+    "compile-bf16": (3.0, 15.0), "int8-static": (4.0, 80.0), "ort-int8": (4.0, 100.0), "openvino-int8": (4.0, 45.0),
     "openvino": (2.0, 20.0), "ort": (1.0, 10.0), "compile": (3.0, 45.0),
 }
 _CALIBRATED = {"int8-static": DEFAULT_CALIB_IMAGES, "ort-int8": 300, "openvino-int8": 300}  # images each uses at most
@@ -130,6 +130,10 @@ def plan_candidates(device: torch.device | str = "cpu", flags: Collection[str] |
         elif mode in _STATIC_INT8 and int8 is False:
             why = (f"no int8 dot products on this {cls} CPU (no {' / '.join(precision.INT8_FLAGS)}): u8 x s8 pairs "
                    "add up in int16 (VPMADDUBSW); OpenVINO int8 ran at 0.51x timm fp32 on an AVX2-only EPYC")
+        elif mode == "compile":
+            why = ("not tried by default: at best at parity with eager fp32 at batch 1-8 on AVX2 (emulated), "
+                   "AVX-512 and AMX hosts, and Inductor's AVX-512 code for ViT-B/16 corrupted the heap on an AMX "
+                   "host (torch 2.14.1; docs/speed.md); pass candidates= to include it")
         elif mode == "ort-int8-dynamic" and int8:
             why = ("this CPU has int8 dot products, where ONNX Runtime's static int8 (ort-int8) and ours are faster "
                    "(ORT dynamic 0.76 vs static 0.86 img/s on Zen 4); kept for CPUs without VNNI")
