@@ -23,7 +23,7 @@ FLAGS = {  # what /proc/cpuinfo lists on each class (abridged to the flags that 
     "AMX": {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"},  # Sapphire Rapids
 }
 BF16_MODES = {"bf16", "compile-bf16"}
-STATIC_INT8 = {"int8-static", "ort-int8", "openvino-int8"}
+RUNTIME_INT8 = {"ort-int8", "openvino-int8"}
 
 
 def _fake_cpu(monkeypatch, cls: str) -> None:
@@ -54,9 +54,11 @@ def test_candidates_follow_the_cpu_flags():
         assert "fp16" in skipped and "compile" in skipped
         assert "int8" in cands  # FBGEMM dynamic int8: cheap, and beats fp32 without VNNI too
     avx2, skipped = plans["AVX2"]
-    assert not (BF16_MODES | STATIC_INT8) & set(avx2)
+    assert not (BF16_MODES | RUNTIME_INT8) & set(avx2)
     assert all("no native bf16" in skipped[m] and "avx512_bf16" in skipped[m] for m in BF16_MODES)
-    assert all("no int8 dot products" in skipped[m] and "avx512_vnni" in skipped[m] for m in STATIC_INT8)
+    assert all("no int8 dot products" in skipped[m] and "avx512_vnni" in skipped[m] for m in RUNTIME_INT8)
+    if autoselect._installed("int8-static") is None:
+        assert "int8-static" in avx2  # ours, with AVX2 int8 kernels: measured 1.66x timm fp32 (emulated)
     assert not BF16_MODES & set(plans["AVX-512"][0])  # AVX-512 without bf16 (Skylake): emulated bf16 too
     amx, skipped = plans["AMX"]
     assert set(amx) >= BF16_MODES and "ort-int8-dynamic" in skipped  # static int8 is the better int8 there
@@ -64,7 +66,7 @@ def test_candidates_follow_the_cpu_flags():
         assert set(plans[cls][0]) >= BF16_MODES
     if autoselect._installed("ort-int8-dynamic") is None:
         assert "ort-int8-dynamic" in avx2  # the int8 measured to beat fp32 on the AVX2 EPYC
-    for mode in STATIC_INT8 - {"int8-static"}:
+    for mode in RUNTIME_INT8:
         if autoselect._installed(mode) is None:
             assert mode in amx
     unknown, _ = autoselect.plan_candidates("cpu", set())  # flags unknown (not Linux x86): nothing pruned by them
