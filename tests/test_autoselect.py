@@ -164,3 +164,16 @@ def test_not_now_is_neither_eligible_nor_stored(tmp_path, monkeypatch):
                                  {"a": 2.0, "b": autotune.NOT_NOW, "c": None}.get, cache=cache)
     assert got == "a" and autotune.timings("k", "s", cache=cache) == {"a": 2.0, "c": None}
     assert autotune.cached_choice("k", "s", ["a", "b", "c"], {"b": 1.0}.get, cache=cache) == "b"
+
+
+def test_a_later_call_keeps_time_to_rebuild_the_stored_winner(tuned, monkeypatch):
+    _fake_cpu(monkeypatch, "AVX2")
+    model, calib = _tiny(), torch.randn(8, 3, 32, 32)
+    key = autoselect.shape_key(model, calib)
+    autotune.cached_choice(autoselect.KIND, key, ["fp32", "int8"], {"fp32": 3.0, "int8": 1.0}.get)
+    built = _fake_builds(monkeypatch, {"int8-static": 0.1})
+    cands = ["fp32", "int8", "int8-static"]
+    fits_alone = autoselect._BUILD_COST["int8-static"][1] + 0.5  # the estimates' fixed parts (t1 is 0 here)
+    fast = optimize(model, "auto", calib=calib, candidates=cands, budget_s=fits_alone)
+    assert "int8-static" in fast.auto_report.skipped  # int8's rebuild (~1 s) is kept out of the budget
+    assert built == ["int8"] and fast.mode == "int8"
