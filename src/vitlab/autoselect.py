@@ -12,11 +12,12 @@
    to minutes), then the fp32 runtimes and compile. Before each, its cost is estimated from the fp32 forward time
    (`_BUILD_COST`, measured for ViT-B/16); one that would not fit in what is left of the budget is skipped and said
    so (not stored: a later call measures it within its own budget, so the stored list fills up over calls).
-3. **Timed briefly, checked only when it could win**: one warm-up call (the compile modes compile in it), then up
-   to `_ROUNDS` timed calls, fewer when one call is slow; a candidate whose warm-up is already far slower than the
-   best so far is not timed further. Top-1 agreement with the fp32 model on the first `check_images` calibration
-   images must reach `MIN_AGREEMENT` (else not eligible); only candidates faster than the best eligible one so far
-   are checked (a slower one cannot win).
+3. **Timed briefly, checked only when it could win**: one warm-up call (the compile modes compile in it), then
+   the fastest of up to `_ROUNDS` timed calls (two when one call is slow); a candidate whose warm-up is already
+   far slower than the best so far is not timed further. Top-1 agreement with the fp32 model on the first
+   `check_images` calibration images must reach `MIN_AGREEMENT` (else not eligible); only candidates faster than
+   the best eligible one so far are checked (a slower one cannot win). Candidates are timed one after another, not
+   interleaved: on a busy machine two modes within ~10% of each other can come out in either order.
 
 The timings are stored by vitlab.autotune under the kind "optimize-mode", keyed by machine and model shape
 (`shape_key`), so the next call on this machine for a model of the same shape builds only the winner. Agreement
@@ -51,7 +52,7 @@ KIND = "optimize-mode"
 MIN_AGREEMENT = 0.99  # top-1 agreement with fp32 on the checked calibration images a mode must reach
 BUDGET_S = 120.0  # default time for a first "auto" (ViT-B/16 at 224 px must fit)
 CHECK_IMAGES = 16  # calibration images the agreement is checked on (99% of 16: all of them)
-_ROUNDS = 3  # timed calls per candidate at most (fewer when one call takes over _SLOW_CALL_S)
+_ROUNDS = 3  # timed calls per candidate at most (two when one call takes over _SLOW_CALL_S)
 _SLOW_CALL_S = 2.0
 _HOPELESS = 2.0  # a warm-up slower than this many times the best median so far ends a candidate's timing
 
@@ -180,11 +181,11 @@ def _now() -> float:  # the budget's clock (tests replace it)
 
 def _estimate(mode: str, t1: float, n_calib: int, n_check: int) -> float:
     """Seconds `mode` is expected to take to build, compile, time and check, from one fp32 forward's `t1`: its
-    `_BUILD_COST`, one forward per 8 calibration images (calibrated modes), two timed calls (one more to compile)
+    `_BUILD_COST`, one forward per 8 calibration images (calibrated modes), three timed calls (one more to compile)
     and the agreement check's forwards."""
     passes, fixed = _BUILD_COST.get(mode, (4.0, 60.0))
     calib = min(n_calib, _CALIBRATED[mode]) / 8 if mode in _CALIBRATED else 0.0
-    return (passes + calib + 2 + (mode in _LAZY) + n_check) * t1 + fixed
+    return (passes + calib + 3 + (mode in _LAZY) + n_check) * t1 + fixed
 
 
 def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = None,
@@ -315,9 +316,9 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
 
 @torch.no_grad()
 def _time(fast: nn.Module, x: torch.Tensor, device: torch.device, best: float, lazy: bool = False) -> float:
-    """Median seconds of `fast(x)` after one warm-up call (two when `lazy`: the first compiles); up to `_ROUNDS`
-    calls, one when a call is slow, none after the warm-up when it was already `_HOPELESS` times slower than `best`
-    (returned as the warm-up's time)."""
+    """Seconds of `fast(x)`: the fastest of up to `_ROUNDS` calls (two when a call is slow; the least disturbed by
+    other work, as `vitlab.precision.time_interleaved` keeps) after one warm-up call (two when `lazy`: the first
+    compiles), or the warm-up's time alone when it was already `_HOPELESS` times slower than `best`."""
     if lazy:
         fast(x)
     t = _clock(device)
@@ -326,11 +327,11 @@ def _time(fast: nn.Module, x: torch.Tensor, device: torch.device, best: float, l
     if warm > _HOPELESS * best:
         return warm
     times = []
-    for _ in range(_ROUNDS if warm < _SLOW_CALL_S else 1):
+    for _ in range(_ROUNDS if warm < _SLOW_CALL_S else 2):
         t = _clock(device)
         fast(x)
         times.append(_clock(device) - t)
-    return statistics.median(times)
+    return min(times)
 
 
 def _clock(device: torch.device) -> float:
