@@ -179,13 +179,13 @@ def _now() -> float:  # the budget's clock (tests replace it)
     return time.perf_counter()
 
 
-def _estimate(mode: str, t1: float, n_calib: int, n_check: int) -> float:
-    """Seconds `mode` is expected to take to build, compile, time and check, from one fp32 forward's `t1`: its
-    `_BUILD_COST`, one forward per 8 calibration images (calibrated modes), three timed calls (one more to compile)
-    and the agreement check's forwards."""
+def _estimate(mode: str, t1: float, n_calib: int, n_check: int, timed: bool = True) -> float:
+    """Seconds `mode` is expected to take to build (its `_BUILD_COST`, which includes the first call's compile, plus
+    one forward per 8 calibration images for the calibrated modes), check (`n_check` forwards) and, when `timed`,
+    time (a warm-up and up to three calls), from one fp32 forward's `t1`."""
     passes, fixed = _BUILD_COST.get(mode, (4.0, 60.0))
     calib = min(n_calib, _CALIBRATED[mode]) / 8 if mode in _CALIBRATED else 0.0
-    return (passes + calib + 3 + (mode in _LAZY) + n_check) * t1 + fixed
+    return (passes + calib + n_check + (4 if timed else 0)) * t1 + fixed
 
 
 def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = None,
@@ -237,7 +237,7 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
     # a later call builds the stored winner after measuring what is left: keep its building time out of the budget
     known = {c: s for c, s in autotune.timings(KIND, key, device=device).items() if c in cands and s is not None}
     lead = min(known, key=known.__getitem__) if known and autotune.mode() == "on" else None
-    reserve = _estimate(lead, t1, len(calib_all), len(chunks)) if lead is not None and lead != "fp32" else 0.0
+    reserve = _estimate(lead, t1, len(calib_all), len(chunks), timed=False) if lead not in (None, "fp32") else 0.0
     best: dict[str, OptimizedModel] = {}  # the fastest eligible built so far, handed back without building again
     best_time = [float("inf")]
     measured: dict[str, float | None] = {}
