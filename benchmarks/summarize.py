@@ -16,22 +16,26 @@ def fmt_run(name: str, out: dict) -> list[str]:
     m, vit = out["machine"], out["config"]["vit"]
     load = f"{m['loadavg_start'][0]:.1f} -> {m['loadavg_end'][0]:.1f}" if m.get("loadavg_end") else "?"
     peaks = ", ".join(f"{k} {v:.0f}" for k, v in out["matmul_peak_gflops"].items())
+    host = m.get("host_class", "not recorded")  # runs before issue 26 did not record it
+    emu = " ".join(f"{k}={v}" for k, v in m.get("emulation", {}).items())
+    where = f"host class {host}" + (f" (kernels emulated: {emu})" if emu else "")
     lines = [
         f"### {name}: {out['config']['model']} at {vit['img_size']} px",
         "",
-        f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch thread(s), torch {m['torch']}; "
+        f"{where}: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch thread(s), torch {m['torch']}; "
         f"load average (1 min) {load}; matmul peak GFLOP/s: {peaks}",
         "",
-        "| task | batch | candidate | dtype | img/s median (min-max) | latency ms | MFU | peak mem MiB "
+        "| host | task | batch | candidate | dtype | img/s median (min-max) | latency ms | MFU | peak mem MiB "
         "| ratio: peer time / ours (median of rounds) |",
-        "|---|---:|---|---|---|---:|---:|---:|---|",
+        "|---|---|---:|---|---|---|---:|---:|---:|---|",
     ]
     for r in out["results"]:
         mem = f"{r['peak_memory_bytes'] / 2**20:.0f}" if r["peak_memory_bytes"] is not None else "-"
         mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "-"
         ratios = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_vs"].items())
         lines.append(
-            f"| {r['task']} | {r['batch']} | {r['name']} | {r['dtype']} | {r['images_per_s']:.2f} "
+            f"| {r.get('host_class', host)} | {r['task']} | {r['batch']} | {r['name']} | {r['dtype']} "
+            f"| {r['images_per_s']:.2f} "
             f"({r['images_per_s_min']:.2f}-{r['images_per_s_max']:.2f}) | {r['latency_ms']:.0f} | {mfu} | {mem} "
             f"| {ratios} |"
         )
