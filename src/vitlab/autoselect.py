@@ -64,7 +64,7 @@ _HOPELESS = 2.0  # a warm-up slower than this many times the best median so far 
 # per 8 calibration images (`_estimate`).
 _BUILD_COST: dict[str, tuple[float, float]] = {
     "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "compile-bf16": (3.0, 15.0),
-    "int8-static": (2.0, 45.0), "ort-int8-dynamic": (2.0, 20.0), "ort-int8": (4.0, 100.0), "openvino-int8": (4.0, 45.0),
+    "int8-static": (2.0, 35.0), "ort-int8-dynamic": (2.0, 20.0), "ort-int8": (4.0, 100.0), "openvino-int8": (4.0, 45.0),
     "openvino": (2.0, 20.0), "ort": (1.0, 10.0), "compile": (3.0, 45.0),
 }
 _CALIBRATED = {"int8-static": DEFAULT_CALIB_IMAGES, "ort-int8": 300, "openvino-int8": 300}  # images each uses at most
