@@ -180,7 +180,12 @@ def test_machine_key_reads_the_flags_through_precision(monkeypatch):
     monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni"}))
     monkeypatch.setattr(precision, "cpu_model", lambda: "Fake CPU")
     assert autotune._cpu_model_and_flags() == ("Fake CPU", ["avx512_vnni"])
-    assert autotune.machine_key().startswith("Fake CPU | avx512_vnni | ")
+    for var in precision.EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    native = autotune.machine_key()
+    assert native.startswith("Fake CPU | avx512_vnni | ") and "emulated" not in native
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # AVX2 kernels forced: its timings are another machine's
+    assert autotune.machine_key() == native + " | emulated ATEN_CPU_CAPABILITY=avx2"
 
 
 def _writer(args: tuple[str, str]) -> str:

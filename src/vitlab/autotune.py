@@ -74,6 +74,8 @@ def machine_key(device: Any = "cpu") -> str:
 
     Example: "AMD EPYC | avx512f avx512_bf16 avx512_vnni | cores=2 threads=2 | torch=2.14.1 | cpu".
     A CUDA device adds the GPU's name ("cuda:NVIDIA H200"): timings on it do not carry over to another GPU.
+    Kernel-emulation variables (`vitlab.precision.kernel_emulation`) are appended: timings taken with AVX2 kernels
+    forced on a bigger CPU must not answer for it.
     """
     import torch
 
@@ -83,8 +85,9 @@ def machine_key(device: Any = "cpu") -> str:
     where = device.type
     if device.type == "cuda":
         where = f"cuda:{torch.cuda.get_device_name(device)}"
+    emulated = " ".join(f"{k}={v}" for k, v in precision.kernel_emulation().items())
     return (f"{name} | {' '.join(flags) or 'no-simd-flags'} | cores={cores} threads={torch.get_num_threads()} | "
-            f"torch={torch.__version__} | {where}")
+            f"torch={torch.__version__} | {where}" + (f" | emulated {emulated}" if emulated else ""))
 
 
 # -- the cache file --------------------------------------------------------------------------------------------

@@ -81,6 +81,18 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products (AMX tiles,
 INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # int8 dot products accumulated in int32 (AMX tiles, VPDPBUSD)
 
 
+EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def kernel_emulation() -> dict[str, str]:
+    """The variables set in the environment that make torch/Inductor, oneDNN, FBGEMM or MKL run a lesser CPU's
+    kernels (e.g. `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ...` on an AVX-512 host): timings taken so are
+    not this host's, and `host_class()` still names the real CPU."""
+    import os
+
+    return {k: os.environ[k] for k in EMULATION_VARS if os.environ.get(k)}
+
+
 def host_class(flags: Collection[str] | None = None) -> str:
     """The class of x86 CPU that `flags` (default: this CPU's, `cpu_flags()`) describe, for speed decisions and
     for labelling measurements: "AMX" (amx_bf16 / amx_int8 tiles), "AVX-512+VNNI", "AVX-512", "AVX2", or "other"

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from .. import precision
+from ..precision import EMULATION_VARS
 
-EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS")
+__all__ = ["EMULATION_VARS", "loadavg", "machine_info", "matmul_peak", "peak_memory", "sync", "time_calls"]
 
 
 def sync(device: str | torch.device) -> None:
@@ -132,7 +133,7 @@ def machine_info() -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "loadavg_start": loadavg(),
     }
-    emulated = {k: os.environ[k] for k in EMULATION_VARS if os.environ.get(k)}
+    emulated = precision.kernel_emulation()
     if emulated:
         info["emulation"] = emulated
     if torch.cuda.is_available():
