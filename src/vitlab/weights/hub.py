@@ -325,23 +325,56 @@ def entry_preprocess(entry: Entry | None) -> Any:
 _HUB_RESOLVED: dict[tuple[str | None, ...], Path] = {}
 
 
-def hub_download(loc: Location, *, progress: bool = True) -> Path:
+def hub_download(loc: Location, *, progress: bool = True, cache_dir: str | os.PathLike[str] | None = None,
+                 token: str | bool | None = None, force_download: bool = False,
+                 local_files_only: bool = False) -> Path:
     """Fetch a Hub repo's config and weights through huggingface_hub; returns the snapshot folder holding them
-    (the weights file itself when the registry names an unusual one or the repo has no config.json)."""
+    (the weights file itself when the registry names an unusual one or the repo has no config.json).
+
+    The one Hub download of vitlab: `resolve` (every name `load_model` takes) and `from_pretrained` call it.
+
+    Args:
+        loc: A Location of kind "hub" (`locate`, or `hub_location` for "owner/repo[@rev]").
+        progress: Show huggingface_hub's progress bars (only when stderr is a terminal).
+        cache_dir: The Hub cache folder (default: `hf_cache_dir()`, read now).
+        token: Hub token for private or gated repos (default: huggingface_hub's, from HF_TOKEN or the login).
+        force_download: Download again even when cached.
+        local_files_only: Use only the cache, as offline mode does.
+
+    Raises:
+        WeightsError: gated, missing or unreachable repo, a checksum mismatch, or offline with nothing cached; the
+            message says what to do.
+    """
     assert loc.repo_id is not None
-    key = (loc.repo_id, loc.revision, loc.filename, loc.sha256, str(hf_cache_dir()))
-    if key in _HUB_RESOLVED and _HUB_RESOLVED[key].exists():
+    cache = Path(cache_dir) if cache_dir is not None else hf_cache_dir()
+    key = (loc.repo_id, loc.revision, loc.filename, loc.sha256, str(cache))
+    if not force_download and key in _HUB_RESOLVED and _HUB_RESOLVED[key].exists():
         return _HUB_RESOLVED[key]
-    _HUB_RESOLVED[key] = path = _hub_download(loc, progress=progress)
+    _HUB_RESOLVED[key] = path = _hub_download(loc, progress=progress, cache=cache, token=token,
+                                              force_download=force_download, local_files_only=local_files_only)
     return path
 
 
-def _hub_download(loc: Location, *, progress: bool) -> Path:
+def hub_location(name: str) -> Location:
+    """A Hub repo name, "owner/repo[@revision]" or "hf-hub:owner/repo[@revision]", as a Location (no network).
+
+    Raises:
+        FileNotFoundError: the name is not a Hub repo id (so, as a path, nothing is there).
+    """
+    repo, _, rev = name.removeprefix(HF_PREFIX).partition("@")
+    if not _REPO_ID.fullmatch(repo):
+        raise FileNotFoundError(f"no file or directory {name!r}, and it is not a Hub repo id (owner/name)")
+    return Location("hub", name, repo_id=repo, revision=rev or None)
+
+
+def _hub_download(loc: Location, *, progress: bool, cache: Path, token: str | bool | None = None,
+                  force_download: bool = False, local_files_only: bool = False) -> Path:
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import (  # where both 0.24 and 1.x / 2.x export them
             EntryNotFoundError,
             GatedRepoError,
+            HfHubHTTPError,
             LocalEntryNotFoundError,
             RepositoryNotFoundError,
             RevisionNotFoundError,
@@ -350,20 +383,26 @@ def _hub_download(loc: Location, *, progress: bool) -> Path:
         raise WeightsError(f"{loc.text}: reading from the Hugging Face Hub needs huggingface_hub ({e})") from e
     assert loc.repo_id is not None
     repo, offline = loc.repo_id, offline_reason()
+    if offline is None and local_files_only:
+        offline = "local_files_only=True"
     if offline is None and _hf_offline_at_import():
         offline = "HF_HUB_OFFLINE was set when huggingface_hub was imported"
     where = f"hf-hub:{repo}" + (f"@{loc.revision}" if loc.revision else "")
     kwargs: dict[str, Any] = dict(revision=loc.revision, local_files_only=offline is not None,
                                   endpoint=os.environ.get("HF_ENDPOINT") or None,  # a mirror, read at call time
-                                  cache_dir=hf_cache_dir())
+                                  cache_dir=cache)
+    if token is not None:
+        kwargs["token"] = token
+    if force_download:
+        kwargs["force_download"] = True
     if (not progress or not sys.stderr.isatty()) and "tqdm_class" in inspect.signature(hf_hub_download).parameters:
         kwargs["tqdm_class"] = _quiet_tqdm()
 
     if offline is None:
         unreachable = _endpoint_unreachable(kwargs["endpoint"] or "https://huggingface.co")
         if unreachable is not None:  # fail (or use the cache) now, not after huggingface_hub's ~25 s of retries
-            if not _hub_cached_any(repo, loc.revision):
-                raise _hub_unreachable(loc, where, f"the Hub cannot be reached ({unreachable})")
+            if not _hub_cached_any(repo, loc.revision, cache):
+                raise _hub_unreachable(loc, where, f"the Hub cannot be reached ({unreachable})", cache)
             kwargs["local_files_only"] = True
 
     def get(filename: str) -> Path | None:
@@ -380,11 +419,13 @@ def _hub_download(loc: Location, *, progress: bool) -> Path:
         except RevisionNotFoundError as e:
             raise WeightsError(f"{where}: the repo has no revision {loc.revision!r}") from e
         except LocalEntryNotFoundError:
-            if offline is None and not _hub_cached_any(repo, loc.revision):
-                raise _hub_unreachable(loc, where, "the Hub cannot be reached") from None
+            if offline is None and not _hub_cached_any(repo, loc.revision, cache):
+                raise _hub_unreachable(loc, where, "the Hub cannot be reached", cache) from None
             return None
         except EntryNotFoundError:
             return None
+        except HfHubHTTPError as e:  # any other answer (5xx after huggingface_hub's retries, 401, ...)
+            raise WeightsError(f"{where}: the Hugging Face Hub did not give {filename}: {e}") from None
 
     names = (loc.filename,) if loc.filename else HUB_WEIGHTS
     weights = None
@@ -394,7 +435,7 @@ def _hub_download(loc: Location, *, progress: bool) -> Path:
             break
     if weights is None:
         if offline is not None:
-            raise _hub_unreachable(loc, where, f"offline mode is on ({offline})")
+            raise _hub_unreachable(loc, where, f"offline mode is on ({offline})", cache)
         raise WeightsError(f"{where}: the repo has none of {', '.join(names)}")
     if loc.sha256 is not None:
         _check_hub_file(weights, loc.sha256, where)
@@ -450,16 +491,16 @@ def _check_hub_file(path: Path, sha256: str, where: str) -> None:
                            f"{'...' if len(sha256) < 64 else ''} (another revision of the repo?)")
 
 
-def _hub_cached_any(repo: str, revision: str | None) -> bool:
+def _hub_cached_any(repo: str, revision: str | None, cache: Path) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
-    return any(isinstance(try_to_load_from_cache(repo, n, cache_dir=hf_cache_dir(), revision=revision), str)
+    return any(isinstance(try_to_load_from_cache(repo, n, cache_dir=cache, revision=revision), str)
                for n in HUB_WEIGHTS)
 
 
-def _hub_unreachable(loc: Location, where: str, why: str) -> WeightsError:
+def _hub_unreachable(loc: Location, where: str, why: str, cache: Path) -> WeightsError:
     assert loc.repo_id is not None
-    folder = hf_cache_dir() / ("models--" + loc.repo_id.replace("/", "--"))
+    folder = cache / ("models--" + loc.repo_id.replace("/", "--"))
     files = "config.json and " + (loc.filename or " / ".join(HUB_WEIGHTS))
     return WeightsError(
         f"{where} is not in the Hugging Face cache and {why}. On a machine with network run "

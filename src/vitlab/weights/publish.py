@@ -27,9 +27,9 @@ the pre-logits layer for transformers and timm, average pooling for transformers
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,7 @@ from ..config import ViTConfig
 from ..io import atomic_write, staged
 from ..posembed import sincos_2d
 from ..preprocess import Preprocess
-from . import hf, ours, torchvision
+from . import hf, hub, ours, torchvision
 from .api import load_model, save_weights
 from .report import WeightsError
 
@@ -54,7 +54,6 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 PREPROCESSOR_NAME = "preprocessor_config.json"
 EXPORT_FORMATS = ("vitlab", "npz", "hf", "torchvision", "timm")
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 # -- the Hub's layout ------------------------------------------------------------------------------------------
@@ -117,8 +116,9 @@ def from_pretrained(
     """Load a model from a Hub folder: a local directory, or "owner/repo" on the Hugging Face Hub.
 
     vitlab folders (`save_pretrained`) take the architecture and preprocessing from config.json; other folders
-    (transformers' ViT, timm's hub repos) are read as `load_model` reads them. Hub downloads go through
-    `huggingface_hub` (its cache, `HF_HUB_OFFLINE`, tokens).
+    (transformers' ViT, timm's hub repos) are read as `load_model` reads them. Hub downloads are
+    `vitlab.weights.hub.hub_download`'s, as for every Hub name `load_model` takes (huggingface_hub's cache,
+    `HF_HUB_OFFLINE` / `VITLAB_OFFLINE`, tokens, the errors that say what to do).
 
     Args:
         name_or_path: Directory, "owner/repo" (or "hf-hub:owner/repo"), or a weights file.
@@ -134,8 +134,11 @@ def from_pretrained(
     """
     path = Path(name_or_path)
     if not path.exists():
-        path = _download(str(name_or_path), revision=revision, cache_dir=cache_dir, force_download=force_download,
-                         token=token, local_files_only=local_files_only)
+        loc = hub.hub_location(str(name_or_path))
+        if revision is not None:
+            loc = dataclasses.replace(loc, revision=revision)
+        path = hub.hub_download(loc, cache_dir=cache_dir, token=token, force_download=force_download,
+                                local_files_only=local_files_only)
     if path.is_file():
         return load_model(path, **overrides)
     config_file = path / CONFIG_NAME
@@ -182,37 +185,6 @@ def push_to_hub(
         save_pretrained(model, tmp, metadata=metadata)
         return api.upload_folder(repo_id=repo_id, repo_type="model", folder_path=tmp,
                                  commit_message=commit_message, revision=branch, create_pr=create_pr)
-
-
-def _download(name: str, **kw: Any) -> Path:
-    """The snapshot folder of a Hub repo holding config.json, preprocessor_config.json and the weights."""
-    repo_id = name.removeprefix("hf-hub:")
-    repo_id, _, rev = repo_id.partition("@")
-    if not _REPO_ID.fullmatch(repo_id):
-        raise FileNotFoundError(f"no file or directory {name!r}, and it is not a Hub repo id (owner/name)")
-    _require_hub(f"from_pretrained({name!r})")
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.utils import EntryNotFoundError, HfHubHTTPError  # 0.24 has no .errors for them
-
-    kw["revision"] = kw["revision"] or rev or None
-
-    def get(filename: str) -> Path | None:
-        try:
-            return Path(hf_hub_download(repo_id, filename, **kw))
-        except EntryNotFoundError:  # not in the repo (online), or not in the cache (offline)
-            return None
-
-    try:
-        for optional in (CONFIG_NAME, PREPROCESSOR_NAME):
-            get(optional)
-        weights = get(WEIGHTS_NAME) or get("pytorch_model.bin")
-    except HfHubHTTPError as e:
-        raise WeightsError(f"{name}: not a local path, and the Hugging Face Hub did not give it: {e}") from None
-    if weights is None:
-        raise WeightsError(f"{name}: not a local path, and found no {WEIGHTS_NAME} or pytorch_model.bin for it on "
-                           "the Hugging Face Hub (the repo has neither, or it is not in the Hub cache and the Hub "
-                           "cannot be reached or HF_HUB_OFFLINE is set)")
-    return weights.parent
 
 
 def _require_hub(what: str) -> None:
