@@ -80,6 +80,26 @@ def test_calibration_tensor_takes_batches_and_pairs_and_stops_at_the_limit():
         calibration_tensor([torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 9)], None)
 
 
+def test_one_calibration_reader_for_static_int8_and_the_runtimes():
+    """quant, optimize, auto and the OpenVINO / ONNX Runtime paths read `calib` with deploy's one function."""
+    import numpy as np
+
+    from vitlab import deploy, quant
+    from vitlab.optimize import example_batch
+
+    assert quant.calibration_tensor is deploy.calibration_tensor and quant.input_chw is deploy.input_chw
+    assert example_batch(_tiny(), torch.randn(12, 3, 32, 32), None).shape == (8, 3, 32, 32)
+    images = np.random.default_rng(0).standard_normal((5, 3, 8, 8)).astype(np.float32)
+    got = deploy.calibration_tensor(images, (3, 8, 8), limit=4)  # an array is one batch, as a tensor is
+    torch.testing.assert_close(got, torch.from_numpy(images[:4]))
+    arrays = deploy.calibration_batches([(torch.from_numpy(images), None)], (3, 8, 8), limit=3)
+    assert [a.shape for a in arrays] == [(1, 3, 8, 8)] * 3 and np.array_equal(arrays[2][0], images[2])
+    with pytest.raises(ValueError, match=r"1 channel\(s\), shape \(1, 8, 8\) per image \(batch shape \(2, 1, 8, 8\)\)"):
+        deploy.calibration_batches(torch.randn(2, 1, 8, 8), (3, 8, 8))
+    with pytest.raises(ValueError, match=r"shape \(8, 8\); the model takes \(N, C, H, W\)"):
+        quant.calibration_tensor([torch.randn(8, 8)], (3, 8, 8))
+
+
 # -- mode "auto" ------------------------------------------------------------------------------------------------
 
 

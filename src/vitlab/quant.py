@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ._extras import require
+from .deploy import calibration_tensor, input_chw  # the one reader of calibration inputs
 
 __all__ = ["DEFAULT_CALIB_IMAGES", "calibration_tensor", "input_chw", "quantize_static"]
 
@@ -66,58 +67,13 @@ def _torchao() -> tuple[Any, Any]:
     return qpt2e, x86
 
 
-def calibration_tensor(calib: Any, chw: tuple[int, int, int] | None, limit: int = DEFAULT_CALIB_IMAGES
-                       ) -> torch.Tensor:
-    """`calib` (a (N, C, H, W) tensor, or an iterable of such batches or of (images, labels) pairs) as one fp32
-    (n, C, H, W) CPU tensor of at most `limit` images, checked against the model's (C, H, W) (None: every batch
-    must match the first).
-
-    Raises:
-        ValueError: No calibration data, no images in it, or images of another shape or kind (the message says).
-    """
-    if calib is None:
-        raise ValueError("static int8 needs calibration images (calib=...): a few real images prepared as for the "
-                         "model, e.g. 32-128 of the training set")
-    batches = [calib] if isinstance(calib, torch.Tensor) else calib
-    out: list[torch.Tensor] = []
-    n = 0
-    for b in batches:
-        x = torch.as_tensor(b[0] if isinstance(b, tuple | list) else b)
-        if x.dim() == 3:
-            x = x[None]
-        if chw is None and x.dim() == 4:
-            chw = tuple(x.shape[1:])  # type: ignore[assignment]
-        if x.dim() != 4 or tuple(x.shape[1:]) != chw:
-            raise ValueError(f"calibration images have shape {tuple(x.shape)}; the model takes (N, C, H, W) with "
-                             f"(C, H, W) = {chw}")
-        if not x.is_floating_point():
-            raise ValueError(f"calibration images must be float images prepared for the model, got {x.dtype}")
-        out.append(x[: limit - n].detach().to("cpu", torch.float32))
-        n += len(out[-1])
-        if n >= limit:
-            break
-    if n == 0:
-        raise ValueError("the calibration data holds no images")
-    return torch.cat(out)  # (n, C, H, W)
-
-
-def input_chw(model: nn.Module) -> tuple[int, int, int] | None:
-    """The (C, H, W) a vitlab model takes, from its config (None for a model without one)."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(cfg, "in_chans") or not hasattr(cfg, "img_size"):
-        return None
-    size = cfg.img_size
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    return int(cfg.in_chans), int(h), int(w)
-
-
 def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES
                     ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
 
     Args:
         model: An fp32 classifier on the CPU taking (B, C, H, W) images (left unmodified).
-        calib: Real calibration images (see `calibration_tensor`), prepared as for the model.
+        calib: Real calibration images (see `vitlab.deploy.calibration_tensor`), prepared as for the model.
         calib_images: Use at most this many of them.
 
     Returns:
