@@ -4,6 +4,7 @@ and shape, falls back to the CPU-flag rule with VITLAB_AUTOTUNE=off, and the mea
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -54,6 +55,34 @@ def test_time_interleaved_alternates_and_keeps_the_fastest(monkeypatch):
 
     assert precision.time_interleaved(run, ["a", "b"], rounds=2) == {"a": 5, "b": 2}
     assert order == ["a", "b", "a", "b", "a", "b"]  # warm-up a, b; then a, b; a, b
+
+
+def test_one_timer_behind_bench_and_auto(monkeypatch):
+    """`time_rounds` is the one timer: per-round seconds with `iters` calls averaged, rounds from a budget, and
+    `time_interleaved`, bench's `time_calls` and its suite all read its clock."""
+    from vitlab.bench import suite
+    from vitlab.bench.timing import time_calls
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(precision, "_clock", lambda: clock["now"])
+    order = []
+
+    def run(c):
+        order.append(c)
+        clock["now"] += {"a": 1.0, "b": 3.0}[c]
+
+    assert precision.time_rounds(run, ["a", "b"], warmup=2, rounds=3, iters=2) == {"a": [1.0] * 3, "b": [3.0] * 3}
+    assert order[:4] == ["a", "a", "b", "b"] and order[4:8] == ["a", "a", "b", "b"] and len(order) == 4 + 3 * 4
+    assert len(precision.time_rounds(run, ["a", "b"], warmup=0, budget_s=40.0)["a"]) == 5  # 40 s / 4 s: capped at 5
+    assert len(precision.time_rounds(run, ["a", "b"], warmup=0, budget_s=1.0)["b"]) == 2  # at least 2
+    assert time_calls(lambda: run("b"), warmup=1, rounds=2) == [3.0, 3.0]
+    calls = {"a": lambda: run("a"), "b": lambda: run("b")}
+    bc = types.SimpleNamespace(warmup=0, rounds=2, iters=1, device="cpu")
+    assert suite._time_interleaved(calls, bc) == {"a": [1.0, 1.0], "b": [3.0, 3.0]}
+    assert precision.time_rounds(run, ["a"], rounds=1, clock=lambda: 7.0) == {"a": [0.0]}  # a caller's own clock
+    for bad in (dict(rounds=0), dict(iters=0), dict(warmup=-1)):
+        with pytest.raises(ValueError):
+            precision.time_rounds(run, ["a"], **bad)
 
 
 @pytest.mark.parametrize(("seconds", "expected"), [({"fp32": 2.0, "bf16": 1.0}, "bf16"),

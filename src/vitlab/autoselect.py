@@ -316,22 +316,19 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
 
 @torch.no_grad()
 def _time(fast: nn.Module, x: torch.Tensor, device: torch.device, best: float, lazy: bool = False) -> float:
-    """Seconds of `fast(x)`: the fastest of up to `_ROUNDS` calls (two when a call is slow; the least disturbed by
-    other work, as `vitlab.precision.time_interleaved` keeps) after one warm-up call (two when `lazy`: the first
-    compiles), or the warm-up's time alone when it was already `_HOPELESS` times slower than `best`."""
-    if lazy:
-        fast(x)
-    t = _clock(device)
-    fast(x)
-    warm = _clock(device) - t
+    """Seconds of `fast(x)` (`vitlab.precision.time_rounds`, the one timer): the fastest of up to `_ROUNDS` calls (two
+    when a call is slow; the least disturbed by other work, as `vitlab.precision.time_interleaved` keeps) after one
+    warm-up call (two when `lazy`: the first compiles), or the warm-up's time alone when it was already `_HOPELESS`
+    times slower than `best`."""
+
+    def timed(warmup: int, rounds: int) -> list[float]:  # the one timer, on the budget's clock
+        return precision.time_rounds(lambda _: fast(x), ("mode",), device=device, warmup=warmup, rounds=rounds,
+                                     clock=_now)["mode"]
+
+    warm = timed(1 if lazy else 0, 1)[0]
     if warm > _HOPELESS * best:
         return warm
-    times = []
-    for _ in range(_ROUNDS if warm < _SLOW_CALL_S else 2):
-        t = _clock(device)
-        fast(x)
-        times.append(_clock(device) - t)
-    return min(times)
+    return min(timed(0, _ROUNDS if warm < _SLOW_CALL_S else 2))
 
 
 def _clock(device: torch.device) -> float:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 PRECISIONS = ("auto", "bf16", "fp32")
 
 log = logging.getLogger("vitlab.precision")
-_clock = time.perf_counter  # the timer of `time_interleaved` (tests replace it with a fake clock)
+_clock = time.perf_counter  # the clock of `time_rounds` (tests replace it with a fake clock)
 
 
 @functools.cache
@@ -167,34 +167,66 @@ def model_signature(model: nn.Module) -> str:
     return f"{type(model).__name__} {count / 1e6:.2f}M {digest}"
 
 
-def time_interleaved(run: Callable[[str], object], candidates: Sequence[str], *, device: torch.device | str = "cpu",
-                     warmup: int = 1, rounds: int | None = None, budget_s: float = 4.0) -> dict[str, float]:
-    """Seconds per `run(candidate)` call of each candidate: `warmup` untimed calls each, then rounds of one timed
-    call per candidate in turn (A, B, A, B: a machine shared with other work slows all alike), the fastest call
-    of each kept (the least disturbed). `rounds` None: as many as fit in about `budget_s` seconds, 2 to 5."""
+def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, device: torch.device | str = "cpu",
+                warmup: int = 1, rounds: int | None = None, iters: int = 1, budget_s: float = 4.0,
+                clock: Callable[[], float] | None = None) -> dict[str, list[float]]:
+    """vitlab's one timer: seconds per `run(candidate)` call of each candidate, one entry per round.
+
+    `warmup` untimed calls of each candidate, then rounds of `iters` timed calls per candidate in turn (A, B, A, B: a
+    machine shared with other work slows all alike). A CUDA device is synchronised around each timed stretch, so a
+    call is timed to its end, not its launch. `time_interleaved` (autotune's precision and mode choices),
+    `vitlab.bench.timing.time_calls` (one candidate), the benchmark suite and mode "auto" all time with it.
+
+    Args:
+        run: Does one call of the candidate it is given.
+        candidates: Names passed to `run`, timed in this order each round.
+        warmup: Untimed calls per candidate first (allocator, caches, lazy initialisation, compilation).
+        rounds: Timed rounds; None: as many as fit in about `budget_s` seconds (judged by the first), 2 to 5.
+        iters: Calls per candidate per round, averaged (raise it for calls of well under a millisecond).
+        clock: Seconds now (default `time.perf_counter`, through this module's `_clock`, which tests replace).
+
+    Raises:
+        ValueError: rounds < 1, iters < 1 or warmup < 0.
+    """
+    if (rounds is not None and rounds < 1) or iters < 1 or warmup < 0:
+        raise ValueError(f"need rounds >= 1, iters >= 1, warmup >= 0; got {rounds}, {iters}, {warmup}")
     import torch
 
     device = torch.device(device)
+    now = clock or _clock
 
-    def once(c: str) -> float:
+    def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = _clock()
-        run(c)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return _clock() - t0
 
     for c in candidates:
         for _ in range(warmup):
-            once(c)
-    best = {c: once(c) for c in candidates}
-    if rounds is None:
-        rounds = max(2, min(5, int(budget_s / max(sum(best.values()), 1e-9))))
-    for _ in range(rounds - 1):
+            run(c)
+    times: dict[str, list[float]] = {c: [] for c in candidates}
+
+    def one_round() -> None:
         for c in candidates:
-            best[c] = min(best[c], once(c))
-    return best
+            sync()
+            t0 = now()
+            for _ in range(iters):
+                run(c)
+            sync()
+            times[c].append((now() - t0) / iters)
+
+    one_round()
+    if rounds is None:
+        rounds = max(2, min(5, int(budget_s / max(sum(t[0] for t in times.values()), 1e-9))))
+    for _ in range(rounds - 1):
+        one_round()
+    return times
+
+
+def time_interleaved(run: Callable[[str], object], candidates: Sequence[str], *, device: torch.device | str = "cpu",
+                     warmup: int = 1, rounds: int | None = None, budget_s: float = 4.0) -> dict[str, float]:
+    """Seconds per `run(candidate)` call of each candidate: `time_rounds`' fastest round of each (the least
+    disturbed by other work). `rounds` None: as many as fit in about `budget_s` seconds, 2 to 5."""
+    times = time_rounds(run, candidates, device=device, warmup=warmup, rounds=rounds, budget_s=budget_s)
+    return {c: min(t) for c, t in times.items()}
 
 
 def choose_precision(precision: str, device: torch.device | str, *, kind: str, shape_key: str,

@@ -20,12 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import precision
 from ..config import ViTConfig
 from ..flops import count_flops
 from ..model import VisionTransformer, create_model
 from ..optimize import CALIBRATED_MODES, MODES, optimize
 from .peers import BUILDERS, PEERS, RUNTIME_PEERS, build_runtime
-from .timing import loadavg, machine_info, matmul_peak, peak_memory, time_calls
+from .timing import loadavg, machine_info, matmul_peak, peak_memory
 
 log = logging.getLogger(__name__)
 
@@ -209,15 +210,10 @@ def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
 
 
 def _time_interleaved(calls: dict[str, Callable[[], object]], bc: BenchConfig) -> dict[str, list[float]]:
-    """Warm each call up, then time rounds in turn (a, b, ..., a, b, ...) so load changes hit all alike."""
-    for call in calls.values():
-        for _ in range(bc.warmup):
-            call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(bc.rounds):
-        for name, call in calls.items():
-            times[name] += time_calls(call, 0, 1, bc.iters, bc.device)
-    return times
+    """Warm each call up, then time rounds in turn (a, b, ..., a, b, ...) so load changes hit all alike
+    (`vitlab.precision.time_rounds`, the one timer)."""
+    return precision.time_rounds(lambda name: calls[name](), list(calls), device=bc.device, warmup=bc.warmup,
+                                 rounds=bc.rounds, iters=bc.iters)
 
 
 def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, skipped: dict[str, str],

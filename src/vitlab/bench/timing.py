@@ -3,7 +3,8 @@
     from vitlab.bench.timing import time_calls
     seconds = time_calls(lambda: model(x), warmup=2, rounds=5, iters=1)   # one entry per round
 
-`time_calls` synchronises CUDA before reading the clock, so a GPU call is timed to its end, not its launch.
+`time_calls` synchronises CUDA before reading the clock, so a GPU call is timed to its end, not its launch; it
+is `vitlab.precision.time_rounds` (vitlab's one timer, interleaving candidates) with one candidate.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def sync(device: str | torch.device) -> None:
 def time_calls(
     fn: Callable[[], object], warmup: int = 2, rounds: int = 5, iters: int = 1, device: str | torch.device = "cpu"
 ) -> list[float]:
-    """Seconds per call of `fn()`, one entry per round of `iters` calls, after `warmup` untimed calls.
+    """Seconds per call of `fn()`, one entry per round of `iters` calls, after `warmup` untimed calls
+    (`vitlab.precision.time_rounds` with one candidate: vitlab's one timer).
 
     Args:
         fn: The call to time (close over its inputs).
@@ -44,19 +46,8 @@ def time_calls(
         iters: Calls per round, averaged (raise it for calls of well under a millisecond).
         device: Synchronised before each clock reading when it is a CUDA device.
     """
-    if rounds < 1 or iters < 1 or warmup < 0:
-        raise ValueError(f"need rounds >= 1, iters >= 1, warmup >= 0; got {rounds}, {iters}, {warmup}")
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync(device)
-        out.append((time.perf_counter() - t) / iters)
-    return out
+    return precision.time_rounds(lambda _: fn(), ("call",), device=device, warmup=warmup, rounds=rounds,
+                                 iters=iters)["call"]
 
 
 def matmul_peak(dtype: torch.dtype, device: str = "cpu", n: int = 2048, rounds: int = 5) -> float:
