@@ -190,6 +190,26 @@ def test_another_class_count_gets_a_zero_head(tmp_path):
     torch.testing.assert_close(other.stages[0].blocks[0].conv2.weight, model.stages[0].blocks[0].conv2.weight)
 
 
+def test_saved_folder_loads_back_with_the_same_logits(tmp_path):
+    """save_pretrained of a BiT ResNet (not the defaults: Google's epsilons, 8 groups, 48 px, a preprocessing) loads
+    back with vitlab.load_model and ResNetV2.from_pretrained: the same config, preprocessing and logits."""
+    from vitlab.preprocess import torchvision_classification
+
+    model = perturb_(vitlab.create_model("BiT-R50x1", layers=(1, 2), width=16, groups=8, eps="bit", img_size=48,
+                                         num_classes=5)).eval()
+    model.preprocess = torchvision_classification(48, 56)
+    folder = model.save_pretrained(tmp_path / "bit", metadata={"class_names": list("abcde")})
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert "BiT ResNet-v2" in (folder / "README.md").read_text()
+    x = torch.randn(2, 3, 48, 48)
+    for back in (vitlab.load_model(folder), ResNetV2.from_pretrained(folder), vitlab.weights.from_pretrained(folder)):
+        assert isinstance(back, ResNetV2) and back.cfg == model.cfg and back.preprocess == model.preprocess
+        torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
+    assert vitlab.load_model(folder, num_classes=3).head.weight.abs().sum() == 0  # a new zero head
+    with pytest.raises(TypeError, match="holds a ResNetV2, not a VisionTransformer"):
+        vitlab.VisionTransformer.from_pretrained(folder)
+
+
 def test_docs_and_docstring_examples_run():
     import doctest
     import re

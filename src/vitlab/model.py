@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
+from .hub_mixin import HubMixin
 from .hybrid import backbone_channels, build_backbone, init_backbone
 from .posembed import resample_pos_embed, sincos_2d
 
@@ -189,13 +190,14 @@ class PreLogits(nn.Module):
         return torch.tanh(self.fc(x))
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(nn.Module, HubMixin):
     """ViT for image classification. Build with `vitlab.create_model(name, **overrides)`. Besides timm's surface
     (`forward_features`, `forward_head`, `forward_intermediates`, ...), walk it layer by layer with public names:
         z, grid = model.embed(images)               # Eq. 1: (B, prefix + N, D), (gh, gw)
         for block in model.blocks:                  # Eq. 2-3
             z, attn = block(z, return_attn=True)    # attn: (B, heads, T, T), T = prefix + N
         logits = model.forward_head(model.norm(z))  # Eq. 4
+    The Hub's folder methods (`save_pretrained`, `from_pretrained`, `push_to_hub`) come from `HubMixin`.
     """
 
     # declared for the type checker (nn.Module's attribute lookup would type them Tensor | Module)
@@ -276,26 +278,6 @@ class VisionTransformer(nn.Module):
             self.cfg = self.cfg.replace(pool=pool)
         self.cfg = self.cfg.replace(num_classes=num_classes)
         self.head = zero_head(self.num_features, num_classes, like=self.norm.weight)
-
-    # -- the Hub's folder layout (config.json + model.safetensors), as huggingface_hub's mixin ---------
-    def save_pretrained(self, save_directory, **kwargs):
-        """Write config.json + model.safetensors (+ README.md); see `vitlab.weights.publish.save_pretrained`."""
-        from .weights import publish
-
-        return publish.save_pretrained(self, save_directory, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path, **kwargs) -> VisionTransformer:
-        """A model from a Hub folder or "owner/repo"; see `vitlab.weights.publish.from_pretrained`."""
-        from .weights import publish
-
-        return publish.from_pretrained(name_or_path, **kwargs)
-
-    def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload `save_pretrained`'s folder in one commit; see `vitlab.weights.publish.push_to_hub`."""
-        from .weights import publish
-
-        return publish.push_to_hub(self, repo_id, **kwargs)
 
     # -- Eq. 1 --------------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:

@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig, check_keys, check_number, to_hw
+from .hub_mixin import HubMixin
 from .hybrid import GROUPS, GroupNormAct, StdConv2d, init_backbone, set_eps
 from .model import check_images, zero_head
 
@@ -271,7 +272,7 @@ class ResNetStage(nn.Module):
         return self.blocks(x)
 
 
-class ResNetV2(nn.Module):
+class ResNetV2(nn.Module, HubMixin):
     """BiT ResNet-v2 for image classification. Build with `vitlab.create_model("BiT-R50x1", **overrides)`.
 
     The surface matches the ViT's where the few-shot probe, training and evaluation use it:
@@ -279,6 +280,7 @@ class ResNetV2(nn.Module):
         v = model.forward_head(f, pre_logits=True)   # (B, C): globally average-pooled features
         logits = model.forward_head(f)               # (B, num_classes)
         v = model.embed_features(images)             # the same pooled features in one call
+        model.save_pretrained("my-bit")              # a folder that vitlab.load_model("my-bit") loads back (HubMixin)
     """
 
     preprocess: Any  # vitlab.preprocess.Preprocess the weights expect; None = unknown

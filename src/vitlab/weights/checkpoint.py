@@ -17,7 +17,7 @@ import torch
 
 from .. import preprocess as pp
 from ..config import ViTConfig
-from ..resnet import ResNetConfig
+from ..resnet import ResNetConfig, config_from_dict
 from . import big_vision, bit, hf, npz, ours, safety, timm, torchvision
 from .report import WeightsError
 
@@ -149,6 +149,12 @@ def _read_dir(path: Path) -> Checkpoint:
             raise WeightsError(f"{path}: sharded transformers checkpoints are not supported (ViTs fit one file)")
         found = sorted(p.name for p in path.iterdir())[:10]
         raise WeightsError(f"{path}: a directory needs {' or '.join(_HF_WEIGHTS)} (found: {found})")
+    if weights.suffix == ".safetensors" and ours.CONFIG_KEY in ours.read_header(weights):
+        ckpt = read_checkpoint(weights)  # our own file (`save_pretrained`'s folder): its config, metadata, preprocess
+        ckpt.source = path
+        if cfg_file.exists():
+            _hub_folder_config(ckpt, cfg_file)
+        return ckpt
     if not cfg_file.exists():
         raise WeightsError(f"{path}: a transformers checkpoint directory needs config.json")
     tensors = ours.load_tensors(weights) if weights.suffix == ".safetensors" else _unwrap(
@@ -201,6 +207,22 @@ def _unwrap(obj: Any, source: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def _hub_folder_config(ckpt: Checkpoint, file: Path) -> None:
+    """A vitlab Hub folder's config.json ({"library_name": "vitlab", "config": {...}, "preprocess": {...}}, as
+    `vitlab.weights.publish.save_pretrained` writes it) is the folder's truth, as on the Hub: its config (a ViT's or
+    a BiT ResNet's) and preprocessing win over the weights file's header, whose grid stays the file's (an edited
+    img_size resamples the position embeddings). Another library's config.json is left alone."""
+    data = _read_json(file, "config.json of the folder")
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or "model_type" in data:
+        return
+    try:
+        ckpt.config = config_from_dict(data["config"])
+        if data.get("preprocess"):
+            ckpt.preprocess = pp.Preprocess.from_dict(data["preprocess"])
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise WeightsError(f"{file}: {type(e).__name__}: {_short(e)}") from e
+
+
 def _config_beside(ckpt: Checkpoint) -> None:
     """Use a config.json next to the weights: a transformers config, or a vitlab config (possibly nested)."""
     base = ckpt.source if ckpt.source.is_dir() else ckpt.source.parent
@@ -234,9 +256,9 @@ def _config_beside(ckpt: Checkpoint) -> None:
             data = data[key]
             break
     try:
-        cfg = ViTConfig.from_dict(data)
+        cfg = config_from_dict(data)  # a ViT's or (with "arch": "resnetv2") a BiT ResNet's
     except (TypeError, ValueError):
-        return  # not a ViTConfig: ignore it rather than guess
+        return  # not a config of ours: ignore it rather than guess
     ckpt.config = cfg
     ckpt.grid = cfg.grid_size
 

@@ -41,12 +41,14 @@ from ..config import ViTConfig
 from ..io import atomic_write, staged
 from ..posembed import sincos_2d
 from ..preprocess import Preprocess
+from ..resnet import ResNetConfig
 from . import hf, hub, ours, torchvision
 from .api import load_model, save_weights
 from .report import WeightsError
 
 if TYPE_CHECKING:
     from ..model import VisionTransformer
+    from ..resnet import ResNetV2
 
 log = logging.getLogger("vitlab.weights")
 
@@ -60,7 +62,7 @@ EXPORT_FORMATS = ("vitlab", "npz", "hf", "torchvision", "timm")
 
 
 def save_pretrained(
-    model: VisionTransformer,
+    model: VisionTransformer | ResNetV2,
     save_directory: str | Path,
     *,
     metadata: dict[str, Any] | None = None,
@@ -71,7 +73,7 @@ def save_pretrained(
     Files already in the folder are replaced (each atomically); others are left alone.
 
     Args:
-        model: A vitlab VisionTransformer.
+        model: A vitlab VisionTransformer or BiT ResNetV2.
         save_directory: The folder (created if needed).
         metadata: JSON-serialisable facts stored with the weights (class names, recipe, metrics).
         model_card: Write README.md when the folder has none.
@@ -92,8 +94,9 @@ def save_pretrained(
     return folder
 
 
-def hub_config(model: VisionTransformer) -> dict[str, Any]:
-    """The config.json of a Hub folder: the ViTConfig and, when known, the preprocessing."""
+def hub_config(model: VisionTransformer | ResNetV2) -> dict[str, Any]:
+    """The config.json of a Hub folder: the model's config (ViTConfig or ResNetConfig) and, when known, the
+    preprocessing."""
     from .. import __version__
 
     out: dict[str, Any] = {"library_name": "vitlab", "vitlab_version": __version__, "config": model.cfg.to_dict()}
@@ -112,11 +115,12 @@ def from_pretrained(
     token: str | bool | None = None,
     local_files_only: bool = False,
     **overrides: Any,
-) -> VisionTransformer:
+) -> VisionTransformer | ResNetV2:
     """Load a model from a Hub folder: a local directory, or "owner/repo" on the Hugging Face Hub.
 
-    vitlab folders (`save_pretrained`) take the architecture and preprocessing from config.json; other folders
-    (transformers' ViT, timm's hub repos) are read as `load_model` reads them. Hub downloads are
+    What `load_model` does with the folder: a vitlab folder (`save_pretrained`'s, of a ViT or a BiT ResNet) takes
+    the architecture and preprocessing from config.json; other folders (transformers' ViT, timm's hub repos) are
+    read as theirs. Hub downloads are
     `vitlab.weights.hub.hub_download`'s, as for every Hub name `load_model` takes (huggingface_hub's cache,
     `HF_HUB_OFFLINE` / `VITLAB_OFFLINE`, tokens, the errors that say what to do).
 
@@ -127,7 +131,7 @@ def from_pretrained(
         force_download: Download again even when cached.
         token: Hub token for private or gated repos.
         local_files_only: Use only the Hub cache, never the network.
-        overrides: ViTConfig fields to change before loading (e.g. num_classes=10 for a new zero head).
+        overrides: Config fields to change before loading (e.g. num_classes=10 for a new zero head).
 
     Returns:
         The model in eval mode.
@@ -139,33 +143,22 @@ def from_pretrained(
             loc = dataclasses.replace(loc, revision=revision)
         path = hub.hub_download(loc, cache_dir=cache_dir, token=token, force_download=force_download,
                                 local_files_only=local_files_only)
-    if path.is_file():
-        return load_model(path, **overrides)
     config_file = path / CONFIG_NAME
-    config = _read_json(config_file) if config_file.exists() else {}
-    if not isinstance(config.get("config"), dict) or "model_type" in config:
-        return load_model(path, **overrides)  # transformers' or timm's layout
-    try:
-        fields = ViTConfig.from_dict(config["config"]).to_dict()
-        preprocess = Preprocess.from_dict(config["preprocess"]) if config.get("preprocess") else None
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise WeightsError(f"{config_file}: {type(e).__name__}: {e}") from e
-    weights = path / WEIGHTS_NAME
-    if not weights.exists():
-        raise WeightsError(f"{path}: a vitlab Hub folder needs {WEIGHTS_NAME} beside config.json")
-    # config.json is the folder's truth (as on the Hub); the weights file's own header is its fallback
-    model = load_model(weights, **{**fields, **overrides})
-    if preprocess is not None:
-        model.preprocess = preprocess
-    return model
+    if path.is_dir() and not (path / WEIGHTS_NAME).exists() and config_file.exists():
+        config = _read_json(config_file)
+        if isinstance(config.get("config"), dict) and "model_type" not in config:
+            raise WeightsError(f"{path}: a vitlab Hub folder needs {WEIGHTS_NAME} beside config.json")
+    # a vitlab folder: config.json is its truth (as on the Hub), the weights' header the fallback; other folders
+    # (transformers', timm's) and files as `load_model` reads them
+    return load_model(path, **overrides)
 
 
 def push_to_hub(
-    model: VisionTransformer,
+    model: VisionTransformer | ResNetV2,
     repo_id: str,
     *,
     metadata: dict[str, Any] | None = None,
-    commit_message: str = "Upload vitlab VisionTransformer",
+    commit_message: str = "Upload a vitlab model",
     private: bool | None = None,
     token: str | None = None,
     branch: str | None = None,
@@ -194,20 +187,27 @@ def _require_hub(what: str) -> None:
         raise ImportError(f"{what} needs huggingface_hub (a vitlab dependency): pip install huggingface_hub") from None
 
 
-def _model_card(model: VisionTransformer, metadata: dict[str, Any] | None) -> str:
+def _model_card(model: VisionTransformer | ResNetV2, metadata: dict[str, Any] | None) -> str:
     c = model.cfg
     params = sum(p.numel() for p in model.parameters())
     preprocess = getattr(model, "preprocess", None)
+    if isinstance(c, ResNetConfig):
+        kind, tag = "BiT ResNet-v2", "resnet"
+        what = (f"{'-'.join(map(str, c.layers))} bottleneck units per stage, stem width {c.width}, "
+                f"GroupNorm + weight standardisation at {c.img_size}")
+    else:
+        kind, tag = "Vision Transformer", "vision-transformer"
+        what = (f"{c.depth} blocks, width {c.embed_dim}, {c.num_heads} heads, "
+                f"{c.pixel_patch}x{c.pixel_patch} pixels per token at {c.img_size}")
+    cls = type(model).__name__
     lines = [
         "---", "library_name: vitlab", "pipeline_tag: image-classification",
-        "tags:", "- vision-transformer", "- image-classification", "---", "",
-        f"# {c.name or 'VisionTransformer'}", "",
-        f"A Vision Transformer saved with vitlab: {c.depth} blocks, width {c.embed_dim}, {c.num_heads} heads, "
-        f"{c.pixel_patch}x{c.pixel_patch} pixels per token at {c.img_size}, {c.num_classes} classes, "
-        f"{params:,} parameters.", "",
+        "tags:", f"- {tag}", "- image-classification", "---", "",
+        f"# {c.name or cls}", "",
+        f"A {kind} saved with vitlab: {what}, {c.num_classes} classes, {params:,} parameters.", "",
         f"Preprocessing: {preprocess.describe() if preprocess is not None else 'unknown'}.", "",
-        "```python", "from vitlab import VisionTransformer", "",
-        'model = VisionTransformer.from_pretrained("<this folder or repo>")', "```", "",
+        "```python", "import vitlab", "",
+        'model = vitlab.load_model("<this folder or repo>")', "```", "",
     ]
     if metadata and isinstance(metadata.get("metrics"), dict):
         lines += ["Metrics: " + ", ".join(f"{k} {v}" for k, v in metadata["metrics"].items()), ""]
