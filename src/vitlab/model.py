@@ -22,53 +22,12 @@ from torch.utils.checkpoint import checkpoint
 from .config import ViTConfig
 from .hub_mixin import HubMixin
 from .hybrid import backbone_channels, build_backbone, init_backbone
+from .layers import check_images, zero_head
 from .posembed import resample_pos_embed, sincos_2d
+from .resnet import ResNetConfig, ResNetV2, config_from_name
 
 if TYPE_CHECKING:
     from .preprocess import Preprocess
-    from .resnet import ResNetConfig
-
-
-_EXPECTED = "a float tensor of shape (B, C, H, W), normalised as the weights expect"
-
-
-def zero_head(num_features: int, num_classes: int, like: torch.Tensor) -> nn.Linear | nn.Identity:
-    """A zero-initialised Linear head (the paper's fine-tuning head, Sec. 3.2; BiT's too) on `like`'s device and
-    dtype; nn.Identity for `num_classes` 0 (features out)."""
-    if not num_classes:
-        return nn.Identity()
-    head = nn.Linear(num_features, num_classes, device=like.device, dtype=like.dtype)
-    nn.init.zeros_(head.weight)
-    nn.init.zeros_(head.bias)
-    return head
-
-
-def check_images(x: object, weight: torch.Tensor) -> None:
-    """TypeError / ValueError in our words for what the model cannot take (metadata only: no sync, no copy).
-
-    Args:
-        x: What was given as images.
-        weight: The first weight the images meet (its dtype and device are what `x` must match).
-    """
-    if not isinstance(x, torch.Tensor):
-        module = type(x).__module__
-        given = type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
-        hint = " (torch.from_numpy(a) makes it one)" if module == "numpy" else ""
-        raise TypeError(f"expected {_EXPECTED}; got {given}{hint}")
-    if x.dtype == torch.uint8:
-        raise TypeError(f"got uint8 pixels; expected {_EXPECTED}: convert with vitlab.data.transforms_for(model) "
-                        f"(PIL images), or scale to [0, 1] and apply model.preprocess's normalisation")
-    if not x.is_floating_point():
-        raise TypeError(f"got a tensor of dtype {str(x.dtype).removeprefix('torch.')}; expected {_EXPECTED}")
-    if x.dim() != 4:
-        raise ValueError(f"expected images of shape (B, C, H, W), got {tuple(x.shape)}")
-    if x.device != weight.device and weight.device.type != "meta":
-        raise ValueError(f"the images are on {x.device} and the model on {weight.device}: move one of them "
-                         f"(images.to(device) or model.to(device))")
-    if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
-        dtype, wdtype = (str(t).removeprefix("torch.") for t in (x.dtype, weight.dtype))
-        raise TypeError(f"got {dtype} images for a {wdtype} model; convert with images.to(torch.{wdtype}) (or run "
-                        f"under torch.autocast)")
 
 
 class PatchEmbed(nn.Module):
@@ -233,6 +192,49 @@ class VisionTransformer(nn.Module, HubMixin):
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.init_weights()
 
+    # -- Eq. 1 --------------------------------------------------------------------------------------
+    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Eq. 1: (B, C, H, W) images -> z_0 (B, prefix + N, D) and the (gh, gw) patch grid (E_pos resampled to it)."""
+        x, grid = self.patch_embed(x)  # (B, N, D)
+        if self.cfg.pos_embed == "sincos2d":
+            x = x + sincos_2d(grid[0], grid[1], self.cfg.embed_dim).to(x.device, x.dtype)  # patches only
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D): class token first
+        if self.pos_embed is not None:  # learned E_pos: one row per token, class row first
+            pos: torch.Tensor = self.pos_embed  # (1, prefix + gh * gw, D)
+            if grid != self.grid_size:  # other input size: resample on the 2-D grid, class row kept
+                pos = resample_pos_embed(pos, grid, self.grid_size, self.num_prefix_tokens, self.cfg.pos_embed_resize)
+            x = x + pos
+        return self.pos_drop(x), grid
+
+    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+            return checkpoint(block, x, return_attn, use_reentrant=False)
+        return block(x, return_attn)
+
+    # -- Eq. 2-4 ------------------------------------------------------------------------------------
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) images -> (B, prefix + N, D) normalised tokens."""
+        x, _ = self.embed(x)  # (B, prefix + N, D)
+        for block in self.blocks:
+            x, _ = self._run_block(block, x, False)
+        return self.norm(x)  # Eq. 4's LN, applied to every token
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, prefix + N, D) -> (B, D): the class token (Eq. 4) or the mean of the patch tokens."""
+        if self.cfg.pool == "token":
+            return x[:, 0]
+        return x[:, self.num_prefix_tokens :].mean(dim=1)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.pool(x)  # (B, D)
+        if self.pre_logits is not None:
+            x = self.pre_logits(x)  # (B, representation_size)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
     # -- initialisation as in Google's vit_jax ------------------------------------------------------
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -278,49 +280,6 @@ class VisionTransformer(nn.Module, HubMixin):
             self.cfg = self.cfg.replace(pool=pool)
         self.cfg = self.cfg.replace(num_classes=num_classes)
         self.head = zero_head(self.num_features, num_classes, like=self.norm.weight)
-
-    # -- Eq. 1 --------------------------------------------------------------------------------------
-    def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Eq. 1: (B, C, H, W) images -> z_0 (B, prefix + N, D) and the (gh, gw) patch grid (E_pos resampled to it)."""
-        x, grid = self.patch_embed(x)  # (B, N, D)
-        if self.cfg.pos_embed == "sincos2d":
-            x = x + sincos_2d(grid[0], grid[1], self.cfg.embed_dim).to(x.device, x.dtype)  # patches only
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D): class token first
-        if self.pos_embed is not None:  # learned E_pos: one row per token, class row first
-            pos: torch.Tensor = self.pos_embed  # (1, prefix + gh * gw, D)
-            if grid != self.grid_size:  # other input size: resample on the 2-D grid, class row kept
-                pos = resample_pos_embed(pos, grid, self.grid_size, self.num_prefix_tokens, self.cfg.pos_embed_resize)
-            x = x + pos
-        return self.pos_drop(x), grid
-
-    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(block, x, return_attn, use_reentrant=False)
-        return block(x, return_attn)
-
-    # -- Eq. 2-4 ------------------------------------------------------------------------------------
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) images -> (B, prefix + N, D) normalised tokens."""
-        x, _ = self.embed(x)  # (B, prefix + N, D)
-        for block in self.blocks:
-            x, _ = self._run_block(block, x, False)
-        return self.norm(x)  # Eq. 4's LN, applied to every token
-
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, prefix + N, D) -> (B, D): the class token (Eq. 4) or the mean of the patch tokens."""
-        if self.cfg.pool == "token":
-            return x[:, 0]
-        return x[:, self.num_prefix_tokens :].mean(dim=1)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = self.pool(x)  # (B, D)
-        if self.pre_logits is not None:
-            x = self.pre_logits(x)  # (B, representation_size)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
     # -- looking inside -----------------------------------------------------------------------------
     def forward_attention(
@@ -421,16 +380,12 @@ def create_model(name: str | ViTConfig | ResNetConfig, weights: str | None = Non
         torch.Size([2, 7])
     """
     if weights is not None:
-        from .weights import hub
+        from .weights import hub, load_weights  # on use: vitlab.weights builds on this module
 
         overrides = {**hub.entry_overrides(hub.locate(weights)[1]), **overrides}
-    from .resnet import ResNetConfig, ResNetV2, config_from_name
-
     cfg = name.replace(**overrides) if isinstance(name, ViTConfig | ResNetConfig) else \
         config_from_name(name, **overrides)
     model = ResNetV2(cfg) if isinstance(cfg, ResNetConfig) else VisionTransformer(cfg)
     if weights is not None:
-        from .weights import load_weights
-
         load_weights(model, weights)
     return model

@@ -40,7 +40,7 @@ from torch.utils.checkpoint import checkpoint
 from .config import ViTConfig, check_keys, check_number, to_hw
 from .hub_mixin import HubMixin
 from .hybrid import GROUPS, GroupNormAct, StdConv2d, init_backbone, set_eps
-from .model import check_images, zero_head
+from .layers import check_images, zero_head
 
 ARCH = "resnetv2"  # the "arch" key of a serialised ResNetConfig (ViTConfig has none)
 EPS_CHOICES = ("timm", "bit")  # vitlab.hybrid.EPS keys the ResNet takes
