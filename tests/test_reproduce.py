@@ -231,6 +231,10 @@ def test_the_lead_claim_and_its_crossover():
     assert verdicts == ["yes", "yes", "no"]  # top-1 and 5-shot leads fall at every step; ViT still behind
     bumpy = result([0.80, 0.85, 0.90], [0.70, 0.72, 0.88])  # leads 10, 13, 2: shrinks overall, not at every step
     assert data_scale.claims(bumpy)[0].verdict == "partly"
+    within_noise = result([0.80, 0.85, 0.90], [0.70, 0.79, 0.835])  # leads 10, 6, 6.5: a rise of 0.5 is noise
+    claim = data_scale.claims(within_noise)[0]
+    assert claim.verdict == "yes" and claim.numbers["largest_rise"] == pytest.approx(0.005)
+    assert "falls at 1 of 2 steps, the largest rise 0.5" in claim.measured
     flat = result([0.80, 0.85, 0.90], [0.70, 0.75, 0.80])
     assert data_scale.claims(flat)[0].verdict == "no" and data_scale.crossover(data_scale.leads(flat, "top1")) is None
 

@@ -14,14 +14,16 @@ DESCRIPTION = """\
 Reproduce one of the paper's findings on Fashion-MNIST (and scikit-learn's handwritten digits) at a scale one
 machine runs, and report the paper's claim beside our measurement:
 
-  data-scale   ViT vs hybrid vs BiT ResNet trained on 1k..60k images, same compute per run (Sec. 4.3, Fig. 3-4)
+  data-scale   ViT vs hybrid vs BiT ResNet on 1k..58.8k images, each run to convergence for its subset: an
+               epoch budget per size, early stopping on a held-out validation split (Sec. 4.3, Fig. 3-4)
   transfer     pre-train, then fine-tune / few-shot linear probe with 1..all labels per class vs scratch
                (Table 2 protocol), on held-out Fashion-MNIST classes and on the digits
-  resolution   fine-tune at 40 and 56 px with each position-embedding resize mode, vs resized only (Sec. 3.2)
-  inside       filters, position embeddings, attention distance, rollout of the best ViT (Sec. 4.5, Fig. 6-7),
-               with the other experiments' ViTs as the experiment that explains a missing pattern
+  resolution   pre-train at 16 px (Fashion-MNIST downsampled), fine-tune at the native 28 px with each
+               position-embedding resize mode, vs continuing at 16 px for the same steps (Sec. 3.2)
+  inside       filters, position embeddings, attention distance, rollout of the longest-trained ViT (Sec. 4.5,
+               Fig. 6-7); the data-scale ViTs test Raghu et al. 2021's data explanation of missing local heads
 
-Every training run is a `vitlab train` run directory under OUT/EXPERIMENT/ (transfer and resolution share
+Every training run is a `vitlab train` run directory under OUT/EXPERIMENT/ (transfer's pre-training is
 OUT/upstream/); running the same command again skips finished runs and resumes unfinished ones. The report
 (report.html with the figures inlined, one PNG and JSON per figure, result.json) goes to OUT/EXPERIMENT/report/.
 --quick is the CI setting: tiny models on synthetic data in seconds; it checks the pipeline, not the finding.
@@ -29,7 +31,7 @@ Needs the `paper` extra (scikit-learn, matplotlib)."""
 EXAMPLES = """\
   vitlab reproduce data-scale -o runs/paper                 # the full setting (docs/paper.md has its numbers)
   vitlab reproduce transfer -o runs/paper --budget 20       # steps scaled to about 20 minutes of training
-  vitlab reproduce inside -o runs/paper                     # after the others: analyses their best ViT
+  vitlab reproduce inside -o runs/paper                     # after the others: analyses their ViTs
   vitlab reproduce resolution -o /tmp/rq --quick            # the pipeline in seconds"""
 
 

@@ -1,12 +1,13 @@
 """The paper's findings, reproduced at a scale one machine runs: `vitlab reproduce EXPERIMENT`.
 
-    data-scale   ViT vs hybrid vs BiT ResNet on growing data (Sec. 4.3, Fig. 3-4)
+    data-scale   ViT vs hybrid vs BiT ResNet on growing data, each run to convergence (Sec. 4.3, Fig. 3-4)
     transfer     pre-train, then fine-tune / linear-probe with 1..all labels per class vs scratch (Table 2 protocol)
-    resolution   fine-tune at a higher resolution with each position-embedding resize (Sec. 3.2)
-    inside       filters, position embeddings, attention distance, rollout of the best ViT (Sec. 4.5, Fig. 6-7)
+    resolution   pre-train below the native resolution, fine-tune at it, vs continuing below (Sec. 3.2)
+    inside       filters, position embeddings, attention distance, rollout of the longest-trained ViT, and
+                 Raghu et al. 2021's data explanation of missing local heads (Sec. 4.5, Fig. 6-7)
 
-Each experiment's sub-runs are `vitlab train` run directories under OUT/EXPERIMENT/ (OUT/upstream/ holds the
-pre-training that transfer and resolution share); calling it again skips finished sub-runs and resumes unfinished
+Each experiment's sub-runs are `vitlab train` run directories under OUT/EXPERIMENT/ (OUT/upstream/ holds transfer's
+pre-training); calling it again skips finished sub-runs and resumes unfinished
 ones. The report (result.json, PNGs, report.html) goes to OUT/EXPERIMENT/report/.
 
     from vitlab.paper import reproduce

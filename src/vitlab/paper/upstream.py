@@ -1,9 +1,9 @@
-"""The pre-training that `transfer` and `resolution` share: the ViT trained on the upstream classes of
-Fashion-MNIST at 28 px, in OUT/upstream/.
+"""Transfer's pre-training: the ViT trained on the upstream classes of Fashion-MNIST at 28 px, in OUT/upstream/
+(`inside` analyses it too).
 
 Upstream holds out classes so that one downstream task is new to the model (`transfer`): the upstream task is
 Fashion-MNIST's first six classes (T-shirt/top, Trouser, Pullover, Dress, Coat, Sandal), the held-out task the
-other four (Shirt, Sneaker, Bag, Ankle boot). Whichever experiment comes first trains it; the other reads it back.
+other four (Shirt, Sneaker, Bag, Ankle boot).
 An unfinished one is resumed with the recipe it was started with (its recipe.yaml), so an experiment run with
 another --budget does not restart it.
 """
