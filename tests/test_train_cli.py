@@ -72,6 +72,22 @@ def test_set_takes_several_overrides_and_repeats():
     assert p.parse_args(["c.yaml"]).overrides == []
 
 
+def test_set_steps_replaces_a_recipes_epochs_and_back():
+    """A run's length is steps OR epochs: `--set train.steps=20` on a recipe counting epochs means 20 steps (the
+    quick look the demo's help shows); setting both in one call is still the clear error."""
+    from vitlab.train.recipe import load_recipe
+
+    epochs = ROOT / "configs" / "demo_pretrain.yaml"  # counts epochs
+    steps = ROOT / "configs" / "demo_transfer.yaml"   # counts steps
+    assert load_recipe(epochs).train.epochs and load_recipe(epochs).train.steps is None
+    r = load_recipe(epochs, ["train.steps=20"])
+    assert (r.train.steps, r.train.epochs) == (20, None)
+    r = load_recipe(steps, ["train.epochs=0.5"])
+    assert (r.train.steps, r.train.epochs) == (None, 0.5)
+    with pytest.raises(ValueError, match="exactly one of steps or epochs"):
+        load_recipe(epochs, ["train.steps=20", "train.epochs=2"])
+
+
 def _test_images(n: int) -> tuple[np.ndarray, np.ndarray]:
     """The first n test images (N, 28, 28) uint8 and labels, as generated (not through the eval pipeline)."""
     data = load_synthetic("test")
@@ -184,25 +200,30 @@ def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
 
     out = tmp_path / "demo"
     sets = []
-    for s in ["train.steps=2", "train.time_budget_min=null", "train.eval_every=1", "train.eval_max_samples=30",
-              "model.depth=1", "data.dataset=synthetic", "data.num_samples=600", "train.batch_size=32"]:
+    for s in ["train.steps=2", "train.epochs=null", "train.time_budget_min=null", "train.eval_every=1",
+              "train.eval_max_samples=30", "model.depth=1", "data.dataset=synthetic", "data.num_samples=600",
+              "train.batch_size=32"]:
         sets += ["--set", s]
     assert main(["demo", "-o", str(out), "--no-progress", *sets]) == 0
     printed = capsys.readouterr().out
     assert f"report: {out / 'report.html'}" in printed
     summary = json.loads((out / "demo.json").read_text())
-    pre, ft = summary["pretrain"], summary["finetune"]
-    assert pre["steps"] == 2 and ft["steps"] == 2
+    pre, ft, same = summary["pretrain"], summary["finetune"], summary["same_resolution"]
+    assert pre["steps"] == 2 and ft["steps"] == 2 and same["steps"] == 2
+    from vitlab.config import pixels_per_token
     from vitlab.weights import load_model
 
     for stage, name in ((pre, "demo_pretrain.yaml"), (ft, "demo_finetune.yaml")):
-        size = yaml.safe_load((ROOT / "configs" / name).read_text())["model"]["img_size"]
+        m = yaml.safe_load((ROOT / "configs" / name).read_text())["model"]
+        size, stride = m["img_size"], pixels_per_token(m["patch_size"], m["hybrid_layers"])
         model = load_model(stage["model"])
-        assert model.cfg.img_size == size and model.cfg.grid_size == (size // 8, size // 8)  # stride-8 ResNet map
+        assert model.cfg.img_size == size and model.cfg.grid_size == (size // stride, size // stride)
         # a point per step on the subset, then the final model on the whole test split (a sixth of 600 images)
         assert [p["step"] for p in stage["curve"]] == [1, 2]
         assert stage["test_images"] == len(load_synthetic("test", 600).labels) == 100
-    assert ft["img_size"] > pre["img_size"]
+    assert ft["img_size"] > pre["img_size"] == same["img_size"]  # the control: fine-tuning's recipe, low resolution
+    assert load_model(same["model"]).cfg.img_size == pre["img_size"]
+    assert ft["grid"][0] > pre["grid"][0]  # same patch, longer sequence (paper Sec. 3.2)
     runs = summary["transfer"]["runs"]
     assert [r["labels_per_class"] for r in runs] == [10, "all"]
     assert runs[0]["train_images"] == 10 * len(CLASSES)
@@ -210,7 +231,7 @@ def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
     page = (out / "report.html").read_text()
     assert "<script" not in page and page.count("<img") >= 6 and page.count('src="data:image/png;base64,') == \
         page.count("<img")  # self-contained: every image inlined
-    for value in (pre["top1"], ft["top1"], runs[0]["pretrained"]["top1"], runs[0]["scratch"]["top1"]):
+    for value in (pre["top1"], ft["top1"], same["top1"], runs[0]["pretrained"]["top1"], runs[0]["scratch"]["top1"]):
         assert f"{100 * value:.2f}%" in page
     assert main(["demo", "-o", str(out)]) == 1  # never overwrites a demo
 

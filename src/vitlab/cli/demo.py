@@ -1,4 +1,4 @@
-"""`vitlab demo` (what `make demo` runs): pre-train on Fashion-MNIST at low resolution, fine-tune at a higher one,
+"""`vitlab demo` (what `make demo` runs): pre-train on Fashion-MNIST below its native resolution, fine-tune at it,
 transfer to digits against scratch, analyse, one HTML page; thin over `vitlab.train.demo.run_demo`."""
 
 from __future__ import annotations
@@ -11,11 +11,13 @@ from ._common import add_output, add_progress, check_output, positive, want_prog
 
 HELP = "the main job: pre-train, fine-tune at higher resolution, transfer, analyse; one HTML page"
 DESCRIPTION = """\
-The paper in miniature on the CPU, about 8 minutes on 2 idle cores: pre-train a hybrid ViT on Fashion-MNIST at
-48 px, fine-tune it at 64 px with interpolated position embeddings (paper Sec. 3.2), transfer it to scikit-learn's
+The paper in miniature on the CPU, minutes on 2 cores (docs/training.md has the times per CPU class): pre-train a
+hybrid ViT on Fashion-MNIST below its native resolution (16 px), fine-tune it at the native 28 px with interpolated
+position embeddings (paper Sec. 3.2) against the same steps kept at 16 px, transfer it to scikit-learn's
 handwritten digits against the same model trained from scratch (Sec. 4.2), and look inside it (Sec. 4.5). One
 self-contained page, report.html (+ demo.json and each run's folder). The steps are the shipped recipes
-demo_pretrain.yaml, demo_finetune.yaml and demo_transfer.yaml, run through the same training as `vitlab train`."""
+demo_pretrain.yaml, demo_finetune.yaml and demo_transfer.yaml, run through the same training as `vitlab train`;
+their lengths are fixed (epochs and steps), so the numbers do not depend on the machine's speed."""
 EXAMPLES = """\
   vitlab demo                                     # runs/demo-<date-time>/report.html
   vitlab demo -o runs/demo --set train.steps=20   # a quick look (every step 20 steps)
