@@ -106,7 +106,9 @@ def test_quick_experiments_end_to_end_and_resume(quick_root):
                               transfer.train_images(task, True, None))
             assert ft["step"] == sc["step"] == row["steps"] == ts.steps(images)
             assert ft["images_seen"] == sc["images_seen"] == row["steps"] * min(ts.batch_size, images)
-            assert _recipe(out / "transfer" / f"{task}-finetune-{labels}")["optim"]["name"] == "sgd"
+            ft_optim = _recipe(out / "transfer" / f"{task}-finetune-{labels}")["optim"]
+            assert ft_optim["name"] == "sgd"  # the lr scaled linearly with the batch
+            assert ft_optim["lr"] == pytest.approx(ts.finetune_lr * min(ts.batch_size, images) / ts.batch_size)
             assert _recipe(out / "transfer" / f"{task}-scratch-{labels}")["optim"]["name"] == "adamw"
         assert 0.0 <= rows["all"]["probe"] <= 1.0
     up = _run_report(out / "upstream")

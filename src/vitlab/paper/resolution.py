@@ -45,13 +45,13 @@ class Settings:
     low_size: int = 16
     size: int = 28
     modes: list[str] = field(default_factory=lambda: ["bicubic", "bilinear", "jax"])
-    pre_steps: int = 1400
+    pre_steps: int = 2800
     pre_batch: int = 128
-    pre_warmup: int = 70
-    steps: int = 300
+    pre_warmup: int = 140
+    steps: int = 600
     batch_size: int = 128
-    warmup: int = 30
-    lr: float = 0.01
+    warmup: int = 60
+    lr: float = 0.03
     eval_samples: int | None = None
     quick: bool = False
 
