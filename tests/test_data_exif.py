@@ -71,7 +71,9 @@ def test_predict(pair, tmp_path):
     ckpt = tmp_path / "m.safetensors"
     vitlab.save_weights(model, ckpt)
     a, b = vitlab.predict(str(ckpt), [str(rotated), str(upright)], top_k=3)
-    assert a["top"] == b["top"]
+    # the same ranking and the same probabilities (two rows of one batch may differ in the last float bits)
+    assert [t["index"] for t in a["top"]] == [t["index"] for t in b["top"]]
+    assert [t["prob"] for t in a["top"]] == pytest.approx([t["prob"] for t in b["top"]], rel=1e-5, abs=1e-7)
 
 
 def test_folder_dataset(pair, tmp_path):
