@@ -463,8 +463,9 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         parts, value = parse_override(item)
         if tuple(parts) in _LENGTHS and value is not None:
             other = _LENGTHS[1 - _LENGTHS.index(tuple(parts))]  # type: ignore[arg-type]
-            if other not in given and isinstance(out.get("train"), dict):
-                out["train"][other[1]] = None
+            train = out.get("train")
+            if other not in given and isinstance(train, dict) and train.get(other[1]) is not None:
+                train[other[1]] = None
         node = out.setdefault(parts[0], {})
         if node is None:
             node = out[parts[0]] = {}
