@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import vitlab
 from vitlab import precision
-from vitlab.bench.timing import machine_info
+from vitlab.bench.timing import machine_info, perturb_
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
 
@@ -52,10 +52,8 @@ def main() -> None:
     os.environ.setdefault("VITLAB_AUTOTUNE", "on")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = vitlab.create_model(a.model, num_classes=1000).eval()
+    model = perturb_(vitlab.create_model(a.model, num_classes=1000).eval())
     with torch.no_grad():
-        for q in model.parameters():
-            q.add_(torch.randn_like(q) * 0.02)
         model.head.weight.normal_(0, 0.5)
     calib = torch.randn(a.calib, 3, model.cfg.img_size, model.cfg.img_size)
     out: dict = {"machine": machine_info(), "as_avx2": a.as_avx2, "calls": []}

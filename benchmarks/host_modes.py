@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import vitlab
-from vitlab.bench.timing import machine_info
+from vitlab.bench.timing import machine_info, perturb_
 
 
 def main() -> None:
@@ -46,10 +46,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = vitlab.create_model(a.model, num_classes=1000).eval()
-    with torch.no_grad():
-        for q in model.parameters():
-            q.add_(torch.randn_like(q) * 0.02)
+    model = perturb_(vitlab.create_model(a.model, num_classes=1000).eval())
     import timm
 
     cfg = model.cfg

@@ -32,7 +32,7 @@ from torch.profiler import profile
 
 import vitlab
 from vitlab.bench import machine_info
-from vitlab.bench.timing import loadavg, matmul_peak
+from vitlab.bench.timing import loadavg, matmul_peak, perturb_
 from vitlab.flops import count_flops
 from vitlab.io import write_atomic
 from vitlab.train.recipe import data_config_from_dict, load_recipe
@@ -56,10 +56,7 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
 
 def speed(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = vitlab.create_model(args.model, num_classes=1000).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    model = perturb_(vitlab.create_model(args.model, num_classes=1000).eval())
     cfg = model.cfg
     chw = (cfg.in_chans, cfg.img_size, cfg.img_size)
     calib = torch.randn(args.calib, *chw)

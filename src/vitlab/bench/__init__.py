@@ -31,7 +31,7 @@ from .peers import (
     build_transformers,
 )
 from .suite import DTYPES, BenchConfig, Result, mode_accuracy, run_bench
-from .timing import machine_info, matmul_peak, peak_memory, time_calls
+from .timing import machine_info, matmul_peak, peak_memory, perturb_, time_calls
 
 __all__ = [
     "BUILDERS",
@@ -50,6 +50,7 @@ __all__ = [
     "matmul_peak",
     "mode_accuracy",
     "peak_memory",
+    "perturb_",
     "plot_results",
     "run_bench",
     "time_calls",

@@ -26,7 +26,7 @@ from ..flops import count_flops
 from ..model import VisionTransformer, create_model
 from ..optimize import CALIBRATED_MODES, MODES, optimize
 from .peers import BUILDERS, PEERS, RUNTIME_PEERS, build_runtime
-from .timing import loadavg, machine_info, matmul_peak, peak_memory
+from .timing import loadavg, machine_info, matmul_peak, peak_memory, perturb_
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +167,7 @@ def run_bench(bc: BenchConfig) -> dict:
     if cfg.representation_size:
         cfg = cfg.replace(representation_size=None)  # the peers' classifiers have no pre-logits layer
     torch.manual_seed(0)
-    ours = create_model(cfg).eval().to(bc.device)
-    with torch.no_grad():  # the zero-initialised head would make every logit 0: give the check something to see
-        for p in ours.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    ours = perturb_(create_model(cfg).eval()).to(bc.device)
     out: dict = {"machine": machine_info(), "config": {**asdict(bc), "vit": cfg.to_dict()}}
     peaks = _matmul_peaks(bc)
     out["matmul_peak_gflops"] = {k: v / 1e9 for k, v in peaks.items()}

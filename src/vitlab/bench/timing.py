@@ -16,7 +16,7 @@ import platform
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,20 @@ import torch.nn.functional as F
 from .. import precision
 from ..precision import EMULATION_VARS
 
-__all__ = ["EMULATION_VARS", "loadavg", "machine_info", "matmul_peak", "peak_memory", "sync", "time_calls"]
+__all__ = ["EMULATION_VARS", "loadavg", "machine_info", "matmul_peak", "peak_memory", "perturb_", "sync",
+           "time_calls"]
+
+
+M = TypeVar("M", bound=torch.nn.Module)
+
+
+def perturb_(model: M, std: float = 0.02) -> M:
+    """Add N(0, std) noise to every parameter in place and return the model: a randomly initialised ViT has a zero
+    head (every logit 0), so speed and agreement checks on it would compare nothing."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * std)
+    return model
 
 
 def sync(device: str | torch.device) -> None:
