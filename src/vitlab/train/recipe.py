@@ -450,22 +450,21 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise RecursiveYAMLError(f"--set {item!r}: {e}") from None
 
 
-# A run's length is one of these; `--set train.steps=20` on a recipe that counts epochs means "20 steps instead",
-# so setting one (to a value) clears the other unless the same overrides set both.
-_LENGTHS = (("train", "steps"), ("train", "epochs"))
+# A run's length is `train.steps` or `train.epochs`: `--set train.steps=20` on a recipe that counts epochs means
+# "20 steps instead", so setting one (to a value) clears the other unless the same overrides set both.
+_OTHER_LENGTH: dict[tuple[str, ...], str] = {("train", "steps"): "epochs", ("train", "epochs"): "steps"}
 
 
 def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `--set section.key=value` items to a raw recipe dict (a copy is returned)."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in d.items()}
-    given = {tuple(parse_override(item)[0]) for item in overrides}
-    for item in overrides:
-        parts, value = parse_override(item)
-        if tuple(parts) in _LENGTHS and value is not None:
-            other = _LENGTHS[1 - _LENGTHS.index(tuple(parts))]  # type: ignore[arg-type]
-            train = out.get("train")
-            if other not in given and isinstance(train, dict) and train.get(other[1]) is not None:
-                train[other[1]] = None
+    parsed = [(item, *parse_override(item)) for item in overrides]
+    given = {tuple(parts) for _, parts, _ in parsed}
+    for item, parts, value in parsed:
+        other = _OTHER_LENGTH.get(tuple(parts))
+        train = out.get("train")
+        if other and value is not None and ("train", other) not in given and isinstance(train, dict):
+            train.pop(other, None)
         node = out.setdefault(parts[0], {})
         if node is None:
             node = out[parts[0]] = {}
