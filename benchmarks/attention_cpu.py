@@ -1,7 +1,7 @@
 """Attention forward + backward on a CPU: torch's fused kernel (scaled_dot_product_attention, flash on CPU) against
 the explicit softmax(QK^T / sqrt(d)) V, in fp32 and bf16, for the attention shapes of vitlab's recipes.
 
-This is the measurement behind `vitlab.model._explicit_is_faster`: with bf16 on a CPU with AMX the fused kernel's
+This is the measurement behind `vitlab.models.vit._explicit_is_faster`: with bf16 on a CPU with AMX the fused kernel's
 backward is the slow part of a training step, while the explicit form runs its two matmuls as AMX batched GEMMs.
 
     .venv/bin/python benchmarks/attention_cpu.py -o benchmarks/results/attention_cpu.md
@@ -40,8 +40,8 @@ def main() -> None:
     p.add_argument("-o", "--output", default=None, help="write the table (Markdown)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    from vitlab.allocator import keep_freed_memory
-    from vitlab.precision import cpu_has_amx
+    from vitlab.perf.allocator import keep_freed_memory
+    from vitlab.perf.precision import cpu_has_amx
 
     keep_freed_memory()
     lines = [f"Attention forward + backward, {args.threads} threads, median of {args.repeats}, CPU with AMX: "

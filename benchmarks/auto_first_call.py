@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import vitlab
-from vitlab import precision
 from vitlab.bench.timing import machine_info, perturb_
+from vitlab.perf import cpu
 
 AVX2_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
 
@@ -47,7 +47,7 @@ def main() -> None:
     for name in ("torch", "onnxscript", "onnx_ir", "nncf"):
         logging.getLogger(name).setLevel(logging.WARNING)
     if a.as_avx2:
-        precision.cpu_flags = lambda *args: AVX2_FLAGS  # type: ignore[assignment,misc]
+        cpu.cpu_flags = lambda *args: AVX2_FLAGS  # type: ignore[assignment,misc]
     os.environ["VITLAB_CACHE"] = str(a.cache or tempfile.mkdtemp(prefix="vitlab-auto-"))
     os.environ.setdefault("VITLAB_AUTOTUNE", "on")
     torch.set_num_threads(a.threads)

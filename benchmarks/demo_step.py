@@ -20,9 +20,8 @@ import time
 
 import torch
 
-from vitlab import recipes
 from vitlab.data import DataConfig, build_train_stream
-from vitlab.train import load_recipe
+from vitlab.train import load_recipe, recipes
 from vitlab.train.loop import build_model, train_step
 from vitlab.train.optim import build_optimizer
 

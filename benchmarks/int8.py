@@ -8,7 +8,7 @@ depend on the values), calibrated on the same images; then interleaved rounds (e
 in turn), per batch size. Reported: median seconds, images/s, ratio of each runtime's time to ours in the same round
 (median over rounds; > 1 = ours faster), and the fraction of the int8 matmul peak measured at the start
 (`vitlab.bench.matmul_peak`: torch._int_mm on 2048^3, u8/s8 VNNI GEMMs through oneDNN) that the model's FLOPs
-(`vitlab.flops.count_flops`) reach. Then a torch.profiler table of one static-int8 call. Load average before and
+(`vitlab.models.flops.count_flops`) reach. Then a torch.profiler table of one static-int8 call. Load average before and
 after. JSON + text under --out.
 
 accuracy: a trained Fashion-MNIST model (--checkpoint, else one trained here for --train-s seconds by
@@ -33,9 +33,9 @@ from torch.profiler import profile
 import vitlab
 from vitlab.bench import machine_info
 from vitlab.bench.timing import loadavg, matmul_peak, perturb_
-from vitlab.flops import count_flops
-from vitlab.io import write_atomic
+from vitlab.models.flops import count_flops
 from vitlab.train.recipe import data_config_from_dict, load_recipe
+from vitlab.utils.io import write_atomic
 
 OURS = "int8-static"
 

@@ -23,7 +23,7 @@ import vitlab
 from vitlab.bench import machine_info, mode_accuracy
 from vitlab.data.build import build_eval_data
 from vitlab.data.config import DataConfig
-from vitlab.io import write_atomic
+from vitlab.utils.io import write_atomic
 
 
 def batches(split: str, img_size: int, in_chans: int, batch_size: int):

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vitlab.autotune import machine_key
+from vitlab.perf.autotune import machine_key
 from vitlab.train import load_recipe
 from vitlab.train.loop import build_model, train_step
 from vitlab.train.optim import build_optimizer

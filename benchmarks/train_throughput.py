@@ -15,7 +15,7 @@ these plain loops is the baseline of the ratio. Optionally (`--compiled-baseline
 torch.compile, a stronger reference than the target asks for, gets its own ratio line.
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
-src/vitlab/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed every
+src/vitlab/perf/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed every
 other round (A, B, C, C, B, A, ...), so that a machine shared with other jobs slows all alike, also while its load
 rises or falls; only one side computes at a time. The table reports the
 median images/s of each side and the load average (1 min) before each round.
@@ -136,7 +136,7 @@ def timm_model(cfg, num_classes: int = 10) -> torch.nn.Module:
         fc_norm=False,  # LayerNorm on every token, then the pooling: vitlab's (and big_vision's) order
         pos_embed="learn" if cfg.pos_embed == "learned" else "none", **extra)
     # same shape means same parameter names and shapes: vitlab's model takes timm's weights as they are
-    from vitlab.model import VisionTransformer
+    from vitlab.models.vit import VisionTransformer
 
     VisionTransformer(cfg.replace(num_classes=num_classes)).load_state_dict(model.state_dict(), strict=True)
     return model
@@ -255,7 +255,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("vitlab.precision").setLevel(logging.INFO)  # what `auto` measured and chose
 
-    from vitlab.allocator import keep_freed_memory
+    from vitlab.perf.allocator import keep_freed_memory
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -337,8 +337,8 @@ def main() -> None:
 
 
 def _cpu() -> str:
-    """The CPU and what decides bf16 speed on it (vitlab.autotune's machine key)."""
-    from vitlab.autotune import machine_key
+    """The CPU and what decides bf16 speed on it (vitlab.perf.autotune's machine key)."""
+    from vitlab.perf.autotune import machine_key
 
     return machine_key()
 

@@ -7,7 +7,7 @@ import torch
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 # Measured choices (`precision: auto`, `mode="auto"`) take the rule-of-thumb default in tests: deterministic, no
-# timing, no cache written; tests of vitlab.autotune switch it on themselves.
+# timing, no cache written; tests of vitlab.perf.autotune switch it on themselves.
 os.environ.setdefault("VITLAB_AUTOTUNE", "off")
 
 # VITLAB_FMNIST_DIR=/nonexistent hides the real dataset (to check what runs on a machine without it).

@@ -19,7 +19,7 @@ from vitlab.analysis import (
     similarity_by_distance,
     token_maps,
 )
-from vitlab.posembed import sincos_2d
+from vitlab.models.posembed import sincos_2d
 
 from .conftest import perturb_
 

@@ -96,7 +96,7 @@ def _result_with(mean_distance, pos_similarity, uniform=10.0):
 def test_findings_recognise_the_papers_picture_and_reject_uniform_attention():
     from vitlab.analysis import pos_embed_similarity
     from vitlab.analysis.report import findings
-    from vitlab.posembed import sincos_2d
+    from vitlab.models.posembed import sincos_2d
 
     sincos = pos_embed_similarity(sincos_2d(7, 7, 64).numpy().reshape(7, 7, 64))
     # the paper's Fig. 7: early layers mix local (1 px) and global (9 px) heads, later layers are all global

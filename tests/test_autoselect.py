@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import vitlab
-from vitlab import autoselect, autotune, precision
-from vitlab.optimize import OptimizedModel, optimize
+from vitlab.deploy import autoselect
+from vitlab.deploy.optimize import OptimizedModel, optimize
+from vitlab.perf import autotune, cpu
 
 from .conftest import perturb_
 
@@ -28,7 +29,7 @@ RUNTIME_INT8 = {"ort-int8", "openvino-int8"}
 
 def _fake_cpu(monkeypatch, cls: str) -> None:
     flags = frozenset(FLAGS[cls])
-    monkeypatch.setattr(precision, "cpu_flags", lambda *a: flags)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda *a: flags)
 
 
 def _tiny():
@@ -38,11 +39,11 @@ def _tiny():
 
 @pytest.mark.parametrize("cls", list(FLAGS))
 def test_host_class_from_flags(cls):
-    assert precision.host_class(FLAGS[cls]) == cls
-    assert precision.host_class(set()) == "other"
-    assert precision.native_bf16(FLAGS[cls]) is (cls in ("AVX-512+VNNI", "AMX"))
-    assert precision.native_int8(FLAGS[cls]) is (cls in ("AVX-512+VNNI", "AMX"))
-    assert precision.native_bf16(set()) is None and precision.native_int8(set()) is None  # unknown, not "no"
+    assert cpu.host_class(FLAGS[cls]) == cls
+    assert cpu.host_class(set()) == "other"
+    assert cpu.native_bf16(FLAGS[cls]) is (cls in ("AVX-512+VNNI", "AMX"))
+    assert cpu.native_int8(FLAGS[cls]) is (cls in ("AVX-512+VNNI", "AMX"))
+    assert cpu.native_bf16(set()) is None and cpu.native_int8(set()) is None  # unknown, not "no"
 
 
 def test_candidates_follow_the_cpu_flags():
@@ -96,7 +97,7 @@ def _fake_builds(monkeypatch, seconds: dict[str, float], refuse: set[str] | None
         clock["now"] += 1.0  # building costs a second
         return OptimizedModel(Timed(copy.deepcopy(model), mode), mode, torch.float32)
 
-    monkeypatch.setattr(autoselect, "optimize", build)
+    monkeypatch.setattr(autoselect, "build_mode", build)
     return built
 
 

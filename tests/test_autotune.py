@@ -1,4 +1,4 @@
-"""vitlab.autotune: measured once, cached per machine/kind/shape, merged safely by concurrent writers."""
+"""vitlab.perf.autotune: measured once, cached per machine/kind/shape, merged safely by concurrent writers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitlab import autotune, precision
+from vitlab.perf import autotune, cpu
 
 
 @pytest.fixture(autouse=True)
@@ -171,16 +171,16 @@ def test_cpu_flags_from_a_cpuinfo_file(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n"
                     "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n")
-    assert precision.cpu_model(str(info)) == "AMD EPYC 9R14"
-    assert precision.cpu_flags(str(info)) == {"fpu", "avx512f", "avx512_bf16", "avx512_vnni"}
-    assert precision.host_class(precision.cpu_flags(str(info))) == "AVX-512+VNNI"
+    assert cpu.cpu_model(str(info)) == "AMD EPYC 9R14"
+    assert cpu.cpu_flags(str(info)) == {"fpu", "avx512f", "avx512_bf16", "avx512_vnni"}
+    assert cpu.host_class(cpu.cpu_flags(str(info))) == "AVX-512+VNNI"
 
 
 def test_machine_key_reads_the_flags_through_precision(monkeypatch):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni"}))
-    monkeypatch.setattr(precision, "cpu_model", lambda: "Fake CPU")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni"}))
+    monkeypatch.setattr(cpu, "cpu_model", lambda: "Fake CPU")
     assert autotune._cpu_model_and_flags() == ("Fake CPU", ["avx512_vnni"])
-    for var in precision.EMULATION_VARS:
+    for var in cpu.EMULATION_VARS:
         monkeypatch.delenv(var, raising=False)
     native = autotune.machine_key()
     assert native.startswith("Fake CPU | avx512_vnni | ") and "emulated" not in native

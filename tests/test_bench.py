@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import vitlab
-from vitlab import precision
 from vitlab.bench import (
     BUILDERS,
     BenchConfig,
@@ -24,6 +23,7 @@ from vitlab.bench import (
 )
 from vitlab.bench.suite import _paired_ratios
 from vitlab.bench.timing import EMULATION_VARS, machine_info
+from vitlab.perf import cpu
 
 from .conftest import perturb_
 
@@ -110,7 +110,7 @@ def test_tiny_bench_end_to_end(tmp_path, caplog):
         if r["name"] == "ours":
             assert f"timm/{r['dtype']}" in r["ratio_vs"]
     assert "ours[int8]" in format_table(out)
-    host = precision.host_class()  # every number says the class of CPU it was measured on
+    host = cpu.host_class()  # every number says the class of CPU it was measured on
     assert data["machine"]["host_class"] == host and all(r["host_class"] == host for r in data["results"])
     table = format_table(out).splitlines()
     rows = [line.split() for line in table if line.split()[1:2] in (["infer"], ["train"])]
@@ -120,7 +120,7 @@ def test_tiny_bench_end_to_end(tmp_path, caplog):
 def test_machine_info_names_the_host_class_and_emulation(monkeypatch):
     from vitlab.bench.output import _emulation
 
-    monkeypatch.setattr(precision, "cpu_flags", lambda *a: frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda *a: frozenset({"avx2", "avx512f", "avx512_vnni"}))
     for var in EMULATION_VARS:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors import safe_open
 
 from vitlab.cli import main
-from vitlab.predict import predict
+from vitlab.inference.predict import predict
 from vitlab.train import Recipe, train
 from vitlab.weights import read_metadata
 

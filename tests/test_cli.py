@@ -101,14 +101,16 @@ def test_img_size_is_n_or_hxw():
 
 def test_choices_spelled_in_the_cli_agree_with_the_library():
     """The CLI spells a few choice lists out so that --help imports no torch; they must stay the library's."""
-    from vitlab import bench, evaluate, export
+    from vitlab import bench
     from vitlab.analysis import fewshot
     from vitlab.cli import bench as bench_cli
     from vitlab.cli import convert as convert_cli
     from vitlab.cli import eval as eval_cli
     from vitlab.cli import export as export_cli
     from vitlab.cli import fewshot as fewshot_cli
-    from vitlab.optimize import CALIBRATED_MODES, MODES, RUNTIME_MODES
+    from vitlab.deploy import export
+    from vitlab.deploy.optimize import CALIBRATED_MODES, MODES, RUNTIME_MODES
+    from vitlab.inference import evaluate
     from vitlab.weights import publish
 
     # the CLI's --mode: the torch modes that need no calibration images
@@ -202,7 +204,7 @@ def test_python_m_vitlab_cli_runs_the_command():
 def test_progress_bars_only_on_a_terminal(monkeypatch):
     import io
 
-    from vitlab._progress import progress_bar
+    from vitlab.utils.progress import progress_bar
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -230,10 +232,12 @@ def test_the_library_behind_the_commands_raises_and_returns(tmp_path):
     from vitlab.analysis import check_image_size, expand_image_paths, load_checkpoint
     from vitlab.weights import ConvertResult, convert
 
-    importlib.import_module("vitlab.predict")
-    importlib.import_module("vitlab.optimize")
-    assert callable(vitlab.predict) and vitlab.predict.__module__ == "vitlab.predict"  # the function, not the module
-    assert callable(vitlab.optimize) and vitlab.optimize.__module__ == "vitlab.optimize"
+    importlib.import_module("vitlab.inference.predict")
+    importlib.import_module("vitlab.deploy.optimize")
+    with pytest.warns(DeprecationWarning):
+        importlib.import_module("vitlab.predict")  # the old path of the module
+    assert callable(vitlab.predict) and vitlab.predict.__module__ == "vitlab.inference.predict"  # the function
+    assert callable(vitlab.optimize) and vitlab.optimize.__module__ == "vitlab.deploy.optimize"
     model = perturb_(vitlab.create_model("ViT-Ti/16", embed_dim=32, depth=1, num_heads=2, mlp_dim=64, img_size=16,
                                          patch_size=8, num_classes=3))
     src = vitlab.save_weights(model, tmp_path / "a.safetensors", {"class_names": ["cat", "dog", "fish"]})
@@ -259,7 +263,7 @@ def test_the_library_behind_the_commands_raises_and_returns(tmp_path):
 
 def test_interrupted_is_exit_130(monkeypatch, capsys):
     """Ctrl-C anywhere is 130; so is a training run that stopped on a signal after saving its checkpoint."""
-    from vitlab import recipes
+    from vitlab.train import recipes
 
     def interrupt(args):
         raise KeyboardInterrupt

@@ -20,8 +20,8 @@ import pytest
 from PIL import Image
 
 import vitlab
-from vitlab import io as vio
 from vitlab.cli import COMMANDS, main
+from vitlab.utils import io as vio
 
 from .conftest import perturb_
 
@@ -452,8 +452,8 @@ PARSES = {
 
 
 def _errors() -> list[tuple[str, BaseException]]:
-    from vitlab._extras import MissingExtraError
     from vitlab.data import DataError
+    from vitlab.utils.extras import MissingExtraError
     from vitlab.weights import WeightsError
 
     return [

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.config import ViTConfig, check_keys, pixels_per_token, to_hw
 from vitlab.data.config import DataConfig
-from vitlab.preprocess import Preprocess
+from vitlab.models.config import ViTConfig, check_keys, pixels_per_token, to_hw
+from vitlab.models.preprocess import Preprocess
 from vitlab.train.recipe import Recipe
 
 

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from vitlab._extras import MissingExtraError
 from vitlab.data import DataConfig, DataError, build_eval_data, build_train_stream, parse_data_spec
+from vitlab.utils.extras import MissingExtraError
 
 sklearn_datasets = pytest.importorskip("sklearn.datasets")
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import vitlab
-from vitlab._extras import MissingExtraError
-from vitlab.optimize import OptimizedModel
+from vitlab.deploy.optimize import OptimizedModel
+from vitlab.utils.extras import MissingExtraError
 
 from .conftest import FMNIST_ROOT, perturb_
 
@@ -20,7 +20,7 @@ ov = pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 pytest.importorskip("onnxruntime")
 
-from vitlab.deploy import (  # noqa: E402
+from vitlab.deploy.runtimes import (  # noqa: E402
     calibration_batches,
     compile_openvino,
     onnx_file,
@@ -178,7 +178,7 @@ def test_ort_int8_weights_take_7_bits_on_x86_without_vnni(flags, machine, seven_
     fmt = ort_int8_format(flags, machine)
     assert (fmt.activations, fmt.weights, fmt.reduce_range) == ("QUInt8", "QInt8", seven_bits)
     assert why in fmt.reason and ("S8 weights in 7 bits (reduce_range)" in str(fmt)) == seven_bits
-    from vitlab.precision import cpu_flags
+    from vitlab.perf.precision import cpu_flags
 
     info = tmp_path / "cpuinfo"  # the helper reads Linux's flags line (one per core; the first one counts)
     info.write_text("".join(f"processor\t: {i}\nflags\t\t: fpu {' '.join(sorted(flags))}\n\n" for i in range(2)))

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from vitlab.evaluate import evaluate
+from vitlab.inference.evaluate import evaluate
 
 
 class ColumnModel(nn.Module):
@@ -51,7 +51,7 @@ def test_evaluate_returns_a_typed_result_readable_by_name():
     `to_dict()` is JSON-ready."""
     import json
 
-    from vitlab.evaluate import EvalResult
+    from vitlab.inference.evaluate import EvalResult
 
     x, y = torch.randn(6, 1, 4, 5), torch.tensor([0, 1, 2, 0, 1, 2])
     r = evaluate(ColumnModel(), [(x, y)], 3, class_names=["a", "b", "c"])

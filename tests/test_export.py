@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.export import export_onnx
-from vitlab.io import default_mode
+from vitlab.deploy.export import export_onnx
+from vitlab.utils.io import default_mode
 
 from .conftest import perturb_
 
@@ -123,9 +123,9 @@ def test_cli_int8_calibrates_on_the_recipe_data_and_verifies(tmp_path, capsys, t
 
 
 def test_cli_export_bad_inputs_are_one_line(tmp_path, capsys, monkeypatch):
-    from vitlab import export
     from vitlab.cli import export as export_cli
     from vitlab.cli import main
+    from vitlab.deploy import export
 
     assert export_cli.TARGETS == export.TARGETS  # spelled out so that --help imports no torch
 

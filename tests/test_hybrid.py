@@ -10,8 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitlab
 from vitlab import ViTConfig
-from vitlab.config import canonical_name
-from vitlab.flops import count_flops, count_params
+from vitlab.models.config import canonical_name
+from vitlab.models.flops import count_flops, count_params
 
 from .conftest import perturb_
 
@@ -124,7 +124,7 @@ def test_vit_jax_npz_of_a_hybrid_is_read_by_timms_reader_and_ours(tmp_path, name
 @pytest.mark.parametrize("hw", [(14, 14), (9, 5), (28, 29)])
 def test_fast_paths_equal_the_plain_same_convolution_and_pool(hw):
     """The subsample-then-1x1 projection and the channels-last pool equal plain "SAME" ops, values and gradients."""
-    from vitlab.hybrid import MaxPoolSame, StdConv2d, _same_pad
+    from vitlab.models.hybrid import MaxPoolSame, StdConv2d, _same_pad
 
     conv = StdConv2d(8, 16, 1, stride=2)
     x = torch.randn(2, 8, *hw, requires_grad=True)
@@ -148,7 +148,7 @@ def test_epsilon_conventions_of_timm_and_vit_jax():
     from timm.layers import GroupNormAct as TimmGroupNormAct
     from timm.layers import StdConv2dSame
 
-    from vitlab.hybrid import GroupNormAct, StdConv2d
+    from vitlab.models.hybrid import GroupNormAct, StdConv2d
 
     theirs = StdConv2dSame(8, 64, 3, stride=2, bias=False, eps=1e-8)
     torch.nn.init.normal_(theirs.weight, std=0.1)

@@ -1,4 +1,4 @@
-"""One atomic writer (`vitlab.io`) behind every file vitlab writes: the usual permissions (0o666 less the umask,
+"""One atomic writer (`vitlab.utils.io`) behind every file vitlab writes: the usual permissions (0o666 less the umask,
 not mkstemp's 0o600), and a failed write leaves the old file intact and no temporary file."""
 
 import json
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from vitlab import io as vio
+from vitlab.utils import io as vio
 
 # Each writer of the library, run in a fresh process under the umask given in argv[2]; prints {file: mode}.
 WRITERS = textwrap.dedent("""
@@ -18,7 +18,8 @@ WRITERS = textwrap.dedent("""
     from pathlib import Path
     os.umask(int(sys.argv[2], 8))
     import torch, vitlab
-    from vitlab import bench, io
+    from vitlab import bench
+    from vitlab.utils import io
     from vitlab.train import checkpoint
     from vitlab.weights import hub, npz, publish
 

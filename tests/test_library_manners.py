@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import vitlab
-import vitlab.model
+import vitlab.models.vit
 from vitlab.analysis import extract_features, iter_attention
 from vitlab.analysis.report import analyze
 from vitlab.bench.timing import time_calls
-from vitlab.model import VisionTransformer
+from vitlab.models.vit import VisionTransformer
 
 from .conftest import perturb_
 
@@ -29,7 +29,7 @@ TINY = dict(depth=2, img_size=32, patch_size=8, num_classes=10)
 def _public_only(cls: type[VisionTransformer]) -> type[VisionTransformer]:
     """A subclass whose private methods raise when called from anywhere but model.py itself, and whose
     `_pos_embed` (the private method analysis used to call) always raises."""
-    model_file = vitlab.model.__file__
+    model_file = vitlab.models.vit.__file__
 
     def guard(name, fn):
         def wrapper(self, *args, **kwargs):

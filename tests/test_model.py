@@ -10,8 +10,8 @@ import torch
 
 import vitlab
 from vitlab import ViTConfig, create_model
-from vitlab.flops import count_flops, count_params
-from vitlab.posembed import sincos_2d
+from vitlab.models.flops import count_flops, count_params
+from vitlab.models.posembed import sincos_2d
 
 from .conftest import perturb_
 
@@ -96,7 +96,7 @@ def test_attention_capture_is_exact_and_keeps_other_layers_fused():
 def test_bf16_training_path_matches_timm_fp32():
     """bf16 training on a CPU takes the explicit softmax(QK^T)V path (faster there than the fused kernel's
     backward); logits and gradients must still agree with timm's fp32 model to bf16 precision."""
-    from vitlab.model import _explicit_is_faster
+    from vitlab.models.vit import _explicit_is_faster
 
     q = torch.randn(2, 4, 17, 16, dtype=torch.bfloat16)
     assert not _explicit_is_faster(q)  # no gradient wanted: the fused kernel
@@ -250,7 +250,7 @@ def test_reset_classifier_zero_head():
 
 
 def test_docstring_examples_run():
-    import vitlab.model
+    import vitlab.weights.factory
 
-    result = doctest.testmod(vitlab.model, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(vitlab.weights.factory, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

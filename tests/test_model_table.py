@@ -10,7 +10,7 @@ import torch
 
 import vitlab
 from vitlab.cli import main
-from vitlab.config import VARIANTS
+from vitlab.models.config import VARIANTS
 
 KEYS = {"family", "name", "layers", "width", "mlp", "heads", "params", "seq_224", "gflops_224", "seq_384",
         "gflops_384"}

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 import vitlab
 from vitlab.cli import main
-from vitlab.config import ViTConfig, check_number
 from vitlab.data import DataConfig
+from vitlab.models.config import ViTConfig, check_number
 from vitlab.train import NonFiniteError, Recipe, list_checkpoints, train, train_step
 from vitlab.train import run as run_mod
 from vitlab.train.recipe import (
@@ -281,7 +281,7 @@ def test_other_float_inputs_run_under_autocast():
 
 @pytest.mark.parametrize("field, value", [("mean", [float("nan")] * 3), ("std", [1.0, float("inf"), 1.0])])
 def test_preprocess_from_a_weights_file_refuses_non_finite_statistics(field, value):
-    from vitlab.preprocess import Preprocess
+    from vitlab.models.preprocess import Preprocess
 
     with pytest.raises(ValueError, match=rf"preprocess\.{field} must be a list of finite numbers"):
         Preprocess(img_size=224, **{field: value})

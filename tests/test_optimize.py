@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.optimize import CALIBRATED_MODES, MODES, RUNTIME_MODES, optimize
+from vitlab.deploy.optimize import CALIBRATED_MODES, MODES, RUNTIME_MODES, optimize
 
 from .conftest import perturb_
 

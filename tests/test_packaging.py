@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 import vitlab
-from vitlab import _extras, recipes
-from vitlab._extras import MissingExtraError, needs, require
+from vitlab.train import recipes
+from vitlab.utils import extras as _extras
+from vitlab.utils.extras import MissingExtraError, needs, require
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -92,8 +93,63 @@ def test_recipes_accessor():
         recipes.path("no_such_recipe")
 
 
+# -- the flat layout's module paths, kept for one release ---------------------------------------------------
+
+
+def test_old_module_paths_warn_and_are_the_new_modules(tmp_path):
+    """`import vitlab.model` (every module of the flat layout) warns once, naming the new path, at the importing
+    line, and gives the new module itself: the same object under both names, so a patch through either holds."""
+    script = tmp_path / "old_user.py"
+    script.write_text(
+        "import importlib, sys, warnings\n"
+        "import vitlab\n"
+        "warnings.simplefilter('always')\n"
+        "for old, new in vitlab._MOVED.items():\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        mod = importlib.import_module(f'vitlab.{old}')\n"
+        "        again = importlib.import_module(f'vitlab.{old}')  # cached: no second warning\n"
+        "    assert mod is again is importlib.import_module(f'vitlab.{new}') is sys.modules[f'vitlab.{old}'], old\n"
+        "    assert mod.__name__ == mod.__spec__.name == f'vitlab.{new}', old  # the module keeps its own name\n"
+        "    assert [(x.category, str(x.message)) for x in w] == [(DeprecationWarning, f'vitlab.{old} is now '\n"
+        "            f'vitlab.{new}; the old path goes in the next release')], (old, w)\n"
+        "import vitlab.model\n"  # line 13: where the warning below must point (a fresh interpreter, nothing cached)
+    )
+    r = _run([sys.executable, script], cwd=tmp_path)
+    assert r.stderr == "", r.stderr  # vitlab.model was imported by the loop already: line 13 warns no more
+    fresh = _run([sys.executable, "-W", "default", "-c", "import vitlab.model"], cwd=tmp_path)
+    assert "<string>:1: DeprecationWarning: vitlab.model is now vitlab.models.vit" in fresh.stderr
+    user = tmp_path / "user.py"
+    user.write_text("from vitlab.config import ViTConfig\nfrom vitlab import hybrid\n")  # import system; getattr
+    r = _run([sys.executable, "-W", "default", user], cwd=tmp_path)
+    assert f"{user}:1: DeprecationWarning: vitlab.config is now vitlab.models.config" in r.stderr
+    assert f"{user}:2: DeprecationWarning: vitlab.hybrid is now vitlab.models.hybrid" in r.stderr
+
+
+def test_old_paths_of_the_functions_optimize_and_predict(monkeypatch):
+    """`vitlab.optimize` / `vitlab.predict` stay the functions after their old module paths are imported; the
+    modules answer from-imports, and a patch through an old path reaches the code that runs."""
+    import importlib
+
+    import vitlab.models.vit
+
+    with pytest.warns(DeprecationWarning, match=r"vitlab\.optimize is now vitlab\.deploy\.optimize"):
+        old = importlib.import_module("vitlab.optimize")
+    assert callable(vitlab.optimize) and vitlab.optimize is old.optimize
+    from vitlab.optimize import MODES  # the module's names, through the old path
+
+    assert "int8" in MODES
+    with pytest.warns(DeprecationWarning):
+        old_model = importlib.import_module("vitlab.model")
+    assert old_model is vitlab.models.vit and old_model.VisionTransformer is vitlab.VisionTransformer
+    monkeypatch.setattr(old_model, "_explicit_is_faster", lambda q: True)
+    assert vitlab.models.vit._explicit_is_faster(None) is True
+    with pytest.warns(DeprecationWarning, match=r"vitlab\.recipes is now vitlab\.train\.recipes"):
+        assert vitlab.recipes is vitlab.train.recipes  # attribute access on the package: the same finder
+
+
 def test_installed_wheel_is_what_runs(installed, tmp_path):
-    out = _run([installed / "bin" / "python", "-c", "import vitlab, vitlab.recipes as r; "
+    out = _run([installed / "bin" / "python", "-c", "import vitlab, vitlab.train.recipes as r; "
                 "print(vitlab.__file__); print(r.path('fmnist_pretrain')); print(vitlab.__version__)"],
                cwd=tmp_path).stdout.split()
     assert Path(out[0]).is_relative_to(installed), out  # not the checkout's src/
@@ -159,7 +215,7 @@ vitlab.save_weights(model, "m.safetensors")
 loaded = vitlab.load_model("m.safetensors")
 x = transforms_for(loaded)(torch.zeros(3, 40, 40, dtype=torch.uint8))
 assert loaded.eval()(x[None]).shape == (1, 3)
-load_recipe(vitlab.recipes.path("fmnist_pretrain"))
+load_recipe(vitlab.train.recipes.path("fmnist_pretrain"))
 assert not [m for m in {optional!r} if sys.modules.get(m) is not None]
 """
     _run([sys.executable, "-c", code], cwd=tmp_path)
@@ -242,7 +298,7 @@ def test_webdataset_without_webdataset(monkeypatch, tmp_path):
 
 
 def test_export_without_onnxscript_writes_nothing(monkeypatch, tmp_path):
-    from vitlab.export import export_onnx
+    from vitlab.deploy.export import export_onnx
 
     model = vitlab.create_model("ViT-Ti/16", img_size=32, depth=1, num_classes=3)
     _hide(monkeypatch, "onnxscript")

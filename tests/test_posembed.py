@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from timm.layers import resample_abs_pos_embed as timm_resample
 
-from vitlab.posembed import resample_pos_embed
+from vitlab.models.posembed import resample_pos_embed
 
 D = 8
 GRIDS = [((4, 4), (7, 7)), ((4, 4), (3, 3)), ((4, 4), (6, 9)), ((3, 5), (5, 4)), ((6, 2), (3, 7)), ((2, 2), (2, 5))]

@@ -9,10 +9,10 @@ import types
 import pytest
 import torch
 
-from vitlab import autotune, precision
-from vitlab.config import ViTConfig
-from vitlab.evaluate import evaluate
-from vitlab.model import VisionTransformer
+from vitlab.inference.evaluate import evaluate
+from vitlab.models.config import ViTConfig
+from vitlab.models.vit import VisionTransformer
+from vitlab.perf import autotune, cpu, precision
 from vitlab.train import train
 from vitlab.train.recipe import Recipe
 from vitlab.train.tune import train_precision
@@ -28,7 +28,7 @@ def tuned(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "_load", lambda: 0.5)  # a quiet machine: nothing measured again for load
     zen4 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})  # native bf16: "auto" measures
-    monkeypatch.setattr(precision, "cpu_flags", lambda *a: zen4)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda *a: zen4)
     state = {"now": 0.0, "seconds": {"fp32": 2.0, "bf16": 1.0}, "calls": []}
     monkeypatch.setattr(precision, "_clock", lambda: state["now"])
 
@@ -114,7 +114,7 @@ def test_off_keeps_the_cpu_flag_rule(monkeypatch, amx):
 
 @pytest.mark.parametrize("flags", [{"avx2", "fma"}, {"avx2", "avx512f", "avx512_vnni"}])  # AVX2; Cascade Lake
 def test_no_native_bf16_takes_fp32_without_measuring(tuned, monkeypatch, caplog, flags):
-    monkeypatch.setattr(precision, "cpu_flags", lambda *a: frozenset(flags))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda *a: frozenset(flags))
 
     def never(*a, **kw):
         raise AssertionError("bf16 must not be measured on a CPU without native bf16")

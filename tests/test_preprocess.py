@@ -11,11 +11,11 @@ import torch
 from PIL import Image
 
 import vitlab
-from vitlab import preprocess as pp
 from vitlab.cli import main
 from vitlab.data import transforms_for
 from vitlab.data.labels import imagenet_classes
-from vitlab.preprocess import Preprocess, PreprocessWarning
+from vitlab.models import preprocess as pp
+from vitlab.models.preprocess import Preprocess, PreprocessWarning
 from vitlab.weights.checkpoint import read_checkpoint
 
 from .conftest import perturb_

@@ -1,4 +1,4 @@
-"""Static int8 (vitlab.quant, mode "int8-static") and mode "auto" (vitlab.autoselect)."""
+"""Static int8 (vitlab.deploy.quant, mode "int8-static") and mode "auto" (vitlab.deploy.autoselect)."""
 
 import json
 
@@ -7,9 +7,10 @@ import torch
 from torch.profiler import profile
 
 import vitlab
-from vitlab import autoselect, autotune
-from vitlab.optimize import optimize
-from vitlab.quant import calibration_tensor
+from vitlab.deploy import autoselect
+from vitlab.deploy.optimize import optimize
+from vitlab.deploy.quant import calibration_tensor
+from vitlab.perf import autotune
 
 from .conftest import perturb_
 
@@ -65,7 +66,7 @@ def test_static_int8_errors_are_named():
     with pytest.raises(ValueError, match="no images"):
         optimize(model, "int8-static", calib=[])
     with pytest.raises(ValueError, match="an fp32 model"):
-        from vitlab.quant import quantize_static
+        from vitlab.deploy.quant import quantize_static
 
         quantize_static(model.to(torch.bfloat16), torch.randn(2, 3, 32, 32))
 
@@ -84,8 +85,9 @@ def test_one_calibration_reader_for_static_int8_and_the_runtimes():
     """quant, optimize, auto and the OpenVINO / ONNX Runtime paths read `calib` with deploy's one function."""
     import numpy as np
 
-    from vitlab import deploy, quant
-    from vitlab.optimize import example_batch
+    from vitlab import deploy
+    from vitlab.deploy import quant
+    from vitlab.deploy.optimize import example_batch
 
     assert quant.calibration_tensor is deploy.calibration_tensor and quant.input_chw is deploy.input_chw
     assert example_batch(_tiny(), torch.randn(12, 3, 32, 32), None).shape == (8, 3, 32, 32)
@@ -113,8 +115,8 @@ def tuned(tmp_path, monkeypatch):
 def test_auto_measures_once_then_reads_the_cache(tuned, monkeypatch):
     model, calib = _tiny(), torch.randn(16, 3, 32, 32)
     built = []
-    real = autoselect.optimize
-    monkeypatch.setattr(autoselect, "optimize", lambda m, mode, **kw: built.append(mode) or real(m, mode, **kw))
+    real = autoselect.build_mode
+    monkeypatch.setattr(autoselect, "build_mode", lambda m, mode, **kw: built.append(mode) or real(m, mode, **kw))
     fast = optimize(model, "auto", calib=calib, candidates=("fp32", "bf16", "int8"))
     assert built == ["fp32", "bf16", "int8"]  # each candidate built and timed once
     data = json.loads(tuned.read_text())

@@ -1,4 +1,4 @@
-"""BiT ResNet-v2 (`vitlab.resnet`, the paper's CNN baseline) against timm's ResNetV2: logits at random init,
+"""BiT ResNet-v2 (`vitlab.models.resnet`, the paper's CNN baseline) against timm's ResNetV2: logits at random init,
 parameter counts of every named variant, FLOPs against PyTorch's FLOP counter; and the zoo's paths (create_model,
 recipe training, save / load, evaluation, few-shot features) with a ResNet in them."""
 
@@ -15,8 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import vitlab
 from vitlab.analysis.fewshot import extract_features
-from vitlab.flops import count_flops, count_params
-from vitlab.resnet import VARIANTS, ResNetConfig, ResNetV2, canonical_name, config_from_dict
+from vitlab.models.flops import count_flops, count_params
+from vitlab.models.resnet import VARIANTS, ResNetConfig, ResNetV2, canonical_name, config_from_dict
 from vitlab.train import train
 from vitlab.train.recipe import Recipe
 from vitlab.weights.bit import ours_to_timm
@@ -158,7 +158,7 @@ def test_pooled_features_serve_the_fewshot_probe():
 @pytest.mark.slow  # two short trainings and an evaluation: 16-50 s on the shared 2 cores
 def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monkeypatch, request):
     from vitlab.data import synthetic
-    from vitlab.evaluate import evaluate_checkpoint
+    from vitlab.inference.evaluate import evaluate_checkpoint
 
     monkeypatch.setitem(synthetic.SYNTHETIC_SIZES, "test", 48)  # the final evaluations read the whole split
     synthetic.load_synthetic.cache_clear()  # an earlier test may have cached the 10,000-image split
@@ -192,22 +192,20 @@ def test_another_class_count_gets_a_zero_head(tmp_path):
 
 def test_saved_folder_loads_back_with_the_same_logits(tmp_path):
     """save_pretrained of a BiT ResNet (not the defaults: Google's epsilons, 8 groups, 48 px, a preprocessing) loads
-    back with vitlab.load_model and ResNetV2.from_pretrained: the same config, preprocessing and logits."""
-    from vitlab.preprocess import torchvision_classification
+    back with vitlab.load_model and vitlab.weights.from_pretrained: the same config, preprocessing and logits."""
+    from vitlab.models.preprocess import torchvision_classification
 
     model = perturb_(vitlab.create_model("BiT-R50x1", layers=(1, 2), width=16, groups=8, eps="bit", img_size=48,
                                          num_classes=5)).eval()
     model.preprocess = torchvision_classification(48, 56)
-    folder = model.save_pretrained(tmp_path / "bit", metadata={"class_names": list("abcde")})
+    folder = vitlab.weights.save_pretrained(model, tmp_path / "bit", metadata={"class_names": list("abcde")})
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert "BiT ResNet-v2" in (folder / "README.md").read_text()
     x = torch.randn(2, 3, 48, 48)
-    for back in (vitlab.load_model(folder), ResNetV2.from_pretrained(folder), vitlab.weights.from_pretrained(folder)):
+    for back in (vitlab.load_model(folder), vitlab.weights.from_pretrained(folder)):
         assert isinstance(back, ResNetV2) and back.cfg == model.cfg and back.preprocess == model.preprocess
         torch.testing.assert_close(back(x), model(x), atol=0, rtol=0)
     assert vitlab.load_model(folder, num_classes=3).head.weight.abs().sum() == 0  # a new zero head
-    with pytest.raises(TypeError, match="holds a ResNetV2, not a VisionTransformer"):
-        vitlab.VisionTransformer.from_pretrained(folder)
 
 
 def test_docs_and_docstring_examples_run():
@@ -215,9 +213,9 @@ def test_docs_and_docstring_examples_run():
     import re
     from pathlib import Path
 
-    import vitlab.resnet
+    import vitlab.models.resnet
 
-    assert doctest.testmod(vitlab.resnet, extraglobs={"torch": torch}).failed == 0
+    assert doctest.testmod(vitlab.models.resnet, extraglobs={"torch": torch}).failed == 0
     page = (Path(__file__).parents[1] / "docs" / "models.md").read_text()
     code = re.search(r"```python\n(.*?)```", page, re.S)
     assert code is not None

@@ -73,14 +73,14 @@ def test_missing_recipe_file(tmp_path):
 
 
 def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
-    from vitlab import precision
+    from vitlab.perf import cpu, precision
 
     amx = tmp_path / "amx"
     amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile\n")
     plain = tmp_path / "plain"
     plain.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\nbugs\t\t: amx_bf16_not_a_flag\n")
-    assert precision.cpu_has_amx(str(amx)) and not precision.cpu_has_amx(str(plain))
-    assert not precision.cpu_has_amx(str(tmp_path / "missing"))  # not Linux: no cpuinfo, so fp32
+    assert cpu.cpu_has_amx(str(amx)) and not cpu.cpu_has_amx(str(plain))
+    assert not cpu.cpu_has_amx(str(tmp_path / "missing"))  # not Linux: no cpuinfo, so fp32
     for has_amx, expect in ((True, "bf16"), (False, "fp32")):
         monkeypatch.setattr(precision, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
         assert precision.resolve_precision("auto", "cpu") == expect
@@ -102,8 +102,8 @@ def test_precision_default_is_auto_everywhere(tmp_path, synthetic_data):
     import inspect
 
     from vitlab.cli.eval import add_arguments
-    from vitlab.evaluate import evaluate, evaluate_checkpoint
-    from vitlab.precision import resolve_precision
+    from vitlab.inference.evaluate import evaluate, evaluate_checkpoint
+    from vitlab.perf.precision import resolve_precision
     from vitlab.train import train_step
     from vitlab.train.recipe import TrainSection
 
@@ -240,7 +240,7 @@ def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path):
     model = build_model(r, num_classes=10)
     assert model.cfg.img_size != 28
     assert torch.count_nonzero(model.head.weight) == 0
-    from vitlab.posembed import resample_pos_embed
+    from vitlab.models.posembed import resample_pos_embed
 
     expected = resample_pos_embed(pre.pos_embed.detach(), model.cfg.grid_size, pre.cfg.grid_size, 1,
                                   r.init.pos_embed_resize)

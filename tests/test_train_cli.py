@@ -210,7 +210,7 @@ def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
     summary = json.loads((out / "demo.json").read_text())
     pre, ft, same = summary["pretrain"], summary["finetune"], summary["same_resolution"]
     assert pre["steps"] == 2 and ft["steps"] == 2 and same["steps"] == 2
-    from vitlab.config import pixels_per_token
+    from vitlab.models.config import pixels_per_token
     from vitlab.weights import load_model
 
     for stage, name in ((pre, "demo_pretrain.yaml"), (ft, "demo_finetune.yaml")):

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import vitlab.train.run as run_mod
 from vitlab.data import DataConfig, build_eval_data
-from vitlab.evaluate import EvalResult, evaluate
+from vitlab.inference.evaluate import EvalResult, evaluate
 from vitlab.train import Recipe, train
 from vitlab.weights import load_model
 

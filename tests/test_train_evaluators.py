@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from vitlab.evaluate import EvalResult
+from vitlab.inference.evaluate import EvalResult
 from vitlab.train import Recipe, TrainResult, train
 from vitlab.train.meter import peak_flops
 from vitlab.train.recipe import FewShotEvaluator

@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
-import vitlab.model
+import vitlab.models.vit
 from vitlab.train import Recipe, train
 from vitlab.train.loop import resize_batch
 from vitlab.train.recipe import size_at
@@ -33,13 +33,13 @@ def _recipe(data: dict, schedule, model: dict | None = None, steps: int = 8) -> 
 def shapes(monkeypatch):
     """The (H, W) of every training-mode forward, and of every eval forward, through the patch embedding."""
     seen: dict[str, list[tuple[int, int]]] = {"train": [], "eval": []}
-    original = vitlab.model.PatchEmbed.forward
+    original = vitlab.models.vit.PatchEmbed.forward
 
     def spy(self, x):
         seen["train" if self.training else "eval"].append(tuple(x.shape[-2:]))
         return original(self, x)
 
-    monkeypatch.setattr(vitlab.model.PatchEmbed, "forward", spy)
+    monkeypatch.setattr(vitlab.models.vit.PatchEmbed, "forward", spy)
     return seen
 
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from timm.models.resnetv2 import _load_weights as timm_load_npz
 
 import vitlab
-from vitlab.resnet import ResNetConfig, ResNetV2
+from vitlab.models.resnet import ResNetConfig, ResNetV2
 from vitlab.weights import WeightsError, read_metadata
 
 from .conftest import perturb_

@@ -15,7 +15,7 @@ import torch
 
 import vitlab
 from vitlab.cli import main
-from vitlab.preprocess import IMAGENET, Preprocess
+from vitlab.models.preprocess import IMAGENET, Preprocess
 from vitlab.weights import WeightsError, hub, read_config, read_metadata
 from vitlab.weights import registry as shipped_registry
 
@@ -255,25 +255,25 @@ def test_from_pretrained_downloads_as_load_model_does(tmp_path, monkeypatch):
     from_pretrained's own token / cache_dir / force_download / local_files_only passed through."""
     ours = perturb_(vitlab.create_model("ViT-Ti/16", embed_dim=64, depth=2, num_heads=4, mlp_dim=128, img_size=32,
                                         patch_size=8, num_classes=3)).eval()
-    ours.save_pretrained(tmp_path / "v", model_card=False)
+    vitlab.weights.save_pretrained(ours, tmp_path / "v", model_card=False)
     with FakeHub({"acme/v": tmp_path / "v"}, gated=("acme/gated",)) as srv:
         go_online(monkeypatch)
         monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.httpd.server_address[1]}")
         x = torch.randn(2, 3, 32, 32)
-        got = vitlab.VisionTransformer.from_pretrained("acme/v", token="hf_mine", cache_dir=tmp_path / "c")
+        got = vitlab.weights.from_pretrained("acme/v", token="hf_mine", cache_dir=tmp_path / "c")
         torch.testing.assert_close(got(x), ours(x), atol=0, rtol=0)
         assert srv.files_fetched("acme/v") == ["config.json", "model.safetensors"]
         assert {auth for _, p, auth in srv.requests} == {"Bearer hf_mine"}
         assert (tmp_path / "c" / "models--acme--v" / "snapshots").is_dir() and not (tmp_path / "hf").exists()
         n = len(srv.requests)
-        vitlab.VisionTransformer.from_pretrained("hf-hub:acme/v", cache_dir=tmp_path / "c", force_download=True)
+        vitlab.weights.from_pretrained("hf-hub:acme/v", cache_dir=tmp_path / "c", force_download=True)
         assert len(srv.requests) > n  # asked the Hub again
         with pytest.raises(WeightsError, match=r"hf-hub:acme/gated is gated: accept its terms"):
-            vitlab.VisionTransformer.from_pretrained("acme/gated")
+            vitlab.weights.from_pretrained("acme/gated")
         with pytest.raises(WeightsError, match=r"hf-hub:acme/nope: no such Hub repo"):
-            vitlab.VisionTransformer.from_pretrained("acme/nope")
+            vitlab.weights.from_pretrained("acme/nope")
     with pytest.raises(WeightsError, match=r"offline mode is on \(local_files_only=True\).*vitlab weights get"):
-        vitlab.VisionTransformer.from_pretrained("acme/other", local_files_only=True)
+        vitlab.weights.from_pretrained("acme/other", local_files_only=True)
 
 
 def test_pytorch_model_bin_when_there_is_no_safetensors(tmp_path):

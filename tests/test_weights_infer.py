@@ -10,7 +10,7 @@ from transformers import ViTConfig as HFConfig
 from transformers import ViTForImageClassification
 
 import vitlab
-from vitlab.flops import count_params
+from vitlab.models.flops import count_params
 from vitlab.weights import hf as hf_format
 from vitlab.weights import torchvision as tv_format
 from vitlab.weights.infer import infer_config

@@ -17,8 +17,8 @@ from transformers import AutoImageProcessor, ViTForImageClassification
 import vitlab
 from vitlab import VisionTransformer
 from vitlab.data import transforms_for
-from vitlab.preprocess import IMAGENET, Preprocess, from_hf_processor, torchvision_classification
-from vitlab.weights import WeightsError, export, read_metadata
+from vitlab.models.preprocess import IMAGENET, Preprocess, from_hf_processor, torchvision_classification
+from vitlab.weights import WeightsError, export, from_pretrained, push_to_hub, read_metadata, save_pretrained
 from vitlab.weights.publish import timm_args
 
 from .conftest import perturb_
@@ -44,7 +44,7 @@ def logits(model, x):
 def test_save_pretrained_then_from_pretrained_local_dir(tmp_path):
     model = tiny()
     model.preprocess = torchvision_classification(32, 36)
-    model.save_pretrained(tmp_path / "hub", metadata={"class_names": list("abcde")})
+    save_pretrained(model, tmp_path / "hub", metadata={"class_names": list("abcde")})
     assert sorted(p.name for p in (tmp_path / "hub").iterdir()) == ["README.md", "config.json", "model.safetensors"]
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert config["config"] == model.cfg.to_dict() and config["library_name"] == "vitlab"
@@ -56,21 +56,21 @@ def test_save_pretrained_then_from_pretrained_local_dir(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(logits(plain.eval(), x), logits(model, x), atol=0, rtol=0)
 
-    back = VisionTransformer.from_pretrained(tmp_path / "hub")
+    back = from_pretrained(tmp_path / "hub")
     assert back.cfg == model.cfg and back.preprocess == model.preprocess
     torch.testing.assert_close(logits(back, x), logits(model, x), atol=0, rtol=0)
     assert read_metadata(tmp_path / "hub" / "model.safetensors")["class_names"] == list("abcde")
-    assert vitlab.weights.from_pretrained(tmp_path / "hub", num_classes=3).head.weight.abs().sum() == 0  # new head
+    assert from_pretrained(tmp_path / "hub", num_classes=3).head.weight.abs().sum() == 0  # new head
 
 
 def test_from_pretrained_follows_config_json(tmp_path):
     """config.json is the folder's truth, as on the Hub: an edited field there wins over the weights' header."""
-    tiny().save_pretrained(tmp_path)
+    save_pretrained(tiny(), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     config["config"]["img_size"] = 48
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert "preprocess" not in config  # unknown preprocessing is not invented
-    model = VisionTransformer.from_pretrained(tmp_path)
+    model = from_pretrained(tmp_path)
     assert model.cfg.img_size == 48 and model.pos_embed.shape[1] == 1 + 36
 
 
@@ -84,22 +84,22 @@ def hub_cache(root: Path, repo_id: str, commit: str = "a" * 40) -> Path:
 
 def test_from_pretrained_repo_id_from_the_hub_cache(tmp_path):
     model = tiny(num_classes=3)
-    model.save_pretrained(hub_cache(tmp_path, "someone/tiny-vit"))
+    save_pretrained(model, hub_cache(tmp_path, "someone/tiny-vit"))
     x = torch.randn(2, 3, 32, 32)
     for name in ("someone/tiny-vit", "hf-hub:someone/tiny-vit"):
-        got = VisionTransformer.from_pretrained(name, cache_dir=tmp_path, local_files_only=True)
+        got = from_pretrained(name, cache_dir=tmp_path, local_files_only=True)
         torch.testing.assert_close(logits(got, x), logits(model, x), atol=0, rtol=0)
     with pytest.raises(WeightsError, match="someone/missing"):
-        VisionTransformer.from_pretrained("someone/missing", cache_dir=tmp_path, local_files_only=True)
+        from_pretrained("someone/missing", cache_dir=tmp_path, local_files_only=True)
     with pytest.raises(FileNotFoundError, match="not a Hub repo id"):
-        VisionTransformer.from_pretrained(tmp_path / "no" / "such" / "dir")
+        from_pretrained(tmp_path / "no" / "such" / "dir")
 
 
 def test_from_pretrained_reads_a_transformers_folder(tmp_path):
     model = tiny()
     export(model, tmp_path / "hf", "hf")
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(logits(VisionTransformer.from_pretrained(tmp_path / "hf"), x), logits(model, x),
+    torch.testing.assert_close(logits(from_pretrained(tmp_path / "hf"), x), logits(model, x),
                                atol=ATOL, rtol=0)
 
 
@@ -120,7 +120,7 @@ def test_push_to_hub_uploads_the_folder_in_one_commit(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
     monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
     model = tiny()
-    assert model.push_to_hub("me/my-vit", token="hf_x", private=True, metadata={"metrics": {"top1": 0.5}}) == \
+    assert push_to_hub(model, "me/my-vit", token="hf_x", private=True, metadata={"metrics": {"top1": 0.5}}) == \
         "commit-info"
     assert calls[0] == ("create_repo", "me/my-vit", {"private": True, "exist_ok": True})
     assert calls[1][:3] == ("upload_folder", "me/my-vit", "hf_x") and calls[1][3]["repo_type"] == "model"
@@ -128,7 +128,7 @@ def test_push_to_hub_uploads_the_folder_in_one_commit(tmp_path, monkeypatch):
     assert sorted(p.name for p in sent.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert "library_name: vitlab" in (sent / "README.md").read_text()
     x = torch.randn(2, 3, 32, 32)
-    torch.testing.assert_close(logits(VisionTransformer.from_pretrained(sent), x), logits(model, x), atol=0, rtol=0)
+    torch.testing.assert_close(logits(from_pretrained(sent), x), logits(model, x), atol=0, rtol=0)
 
 
 # -- transformers ---------------------------------------------------------------------------------------------

@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitlab.config import VARIANTS
-from vitlab.flops import count_params
-from vitlab.model import create_model
-from vitlab.preprocess import IMAGENET, INCEPTION, Preprocess
-from vitlab.resnet import VARIANTS as BIT_VARIANTS
-from vitlab.weights import WeightsError, registry
+from vitlab.models.config import VARIANTS
+from vitlab.models.flops import count_params
+from vitlab.models.preprocess import IMAGENET, INCEPTION, Preprocess
+from vitlab.models.resnet import VARIANTS as BIT_VARIANTS
+from vitlab.weights import WeightsError, create_model, registry
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRIES = registry.list_entries()
@@ -166,7 +165,7 @@ def test_google_files_timm_converted_agree_with_timm() -> None:
     import timm
     from timm.models import get_pretrained_cfg
 
-    from vitlab.config import canonical_name
+    from vitlab.models.config import canonical_name
 
     checked = 0
     for tag in timm.list_pretrained():

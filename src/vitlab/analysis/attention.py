@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..model import VisionTransformer
+from ..models.vit import VisionTransformer
 
 
 # -- closed-form pieces --------------------------------------------------------------------------------

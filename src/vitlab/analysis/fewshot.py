@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..model import VisionTransformer
-from ..resnet import ResNetV2
+from ..models.resnet import ResNetV2
+from ..models.vit import VisionTransformer
 
 BIAS_FEATURE = 100.0  # value of the appended constant feature; large, so the bias is almost unregularised
 DEFAULT_L2 = 2.0**10  # big_vision's few-shot configs

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..model import VisionTransformer
+from ..models.vit import VisionTransformer
 
 
 @dataclass

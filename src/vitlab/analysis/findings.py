@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model import VisionTransformer
+from ..models.vit import VisionTransformer
 from .attention import AttentionAnalysis, analyze_attention
 from .filters import FilterPCA, filter_pca
 from .posembed_sim import pos_embed_similarity, position_embedding_grid, similarity_by_distance

@@ -20,11 +20,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..config import to_hw
+from .. import data as vdata
+from ..data import parse_data_spec, preprocess_of
+from ..models.config import to_hw
+from ..models.preprocess import cli_overrides, data_overrides
+from ..utils.progress import progress_bar
+from ..weights import load_model
+from .fewshot import extract_features
 
 if TYPE_CHECKING:
-    from ..model import VisionTransformer
-    from ..preprocess import Preprocess
+    from ..models.preprocess import Preprocess
+    from ..models.vit import VisionTransformer
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -46,8 +52,6 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Vis
         FileNotFoundError: No checkpoint at `path`.
         vitlab.weights.WeightsError: The file is not a checkpoint vitlab reads (the message says why).
     """
-    from ..weights import load_model
-
     try:
         model = load_model(path)
     except FileNotFoundError as e:
@@ -77,11 +81,8 @@ def check_image_size(model: VisionTransformer, size: int | tuple[int, int] | Non
 def analysis_preprocess(model: VisionTransformer, checkpoint: str | Path, size: tuple[int, int], *,
                         normalize: str | None = None, resize: str | None = None, crop_fraction: float | None = None,
                         interpolation: str | None = None) -> Preprocess:
-    """The resolved preprocessing (`vitlab.preprocess.resolve`) at the analysed `size`: the keyword arguments,
+    """The resolved preprocessing (`vitlab.models.preprocess.resolve`) at the analysed `size`: the keyword arguments,
     else the checkpoint's own, else the default with one warning."""
-    from ..data import preprocess_of
-    from ..preprocess import cli_overrides
-
     overrides = cli_overrides(normalize=normalize, resize=resize, crop_fraction=crop_fraction,
                               interpolation=interpolation, in_chans=model.cfg.in_chans)
     return preprocess_of(model, what=str(checkpoint), img_size=size, **overrides)
@@ -109,9 +110,6 @@ def expand_image_paths(paths: Sequence[str | Path]) -> list[str]:
 
 def _data_config(data: str, pre: Preprocess) -> Any:
     """The DataConfig of the dataset spec `data` whose eval pipeline applies `pre` (grey data repeated for RGB)."""
-    from ..data import parse_data_spec
-    from ..preprocess import data_overrides
-
     return parse_data_spec(data).replace(**data_overrides(pre))
 
 
@@ -124,8 +122,6 @@ def load_inputs(model: VisionTransformer, pre: Preprocess, *, images: Sequence[s
         ValueError: Neither or both of `images` and `data`; `num_images` < 1; an empty split.
         FileNotFoundError: An image or the dataset does not exist.
     """
-    from .. import data as vdata
-
     if (images is None) == (data is None):
         raise ValueError("give exactly one of images= and data=")
     size = pre.img_size
@@ -153,10 +149,6 @@ def split_features(model: VisionTransformer, pre: Preprocess, data: str, split: 
     """Frozen pre-logits features of the first `limit` images (default: all) of `split` of the dataset spec `data`,
     prepared by `pre`: (features (n, F), labels (n,), number of classes). `progress` shows a bar on stderr when it
     is a terminal."""
-    from .. import data as vdata
-    from .._progress import progress_bar
-    from .fewshot import extract_features
-
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     loader = vdata.build_eval_data(_data_config(data, pre), split, img_size=pre.img_size,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._extras import needs
+from ..utils.extras import needs
 from .attention import upsample_maps
 from .filters import FilterPCA, components_to_images
 

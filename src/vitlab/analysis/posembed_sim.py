@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..model import VisionTransformer
-from ..posembed import sincos_2d
+from ..models.posembed import sincos_2d
+from ..models.vit import VisionTransformer
 
 
 def position_embedding_grid(model: VisionTransformer) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..io import write_atomic
+from ..utils.io import write_atomic
 from .findings import (
     GLOBAL_FRACTION,
     GROWTH_FRACTION,

@@ -6,7 +6,7 @@
 Every peer is built with our shape and loaded with our weights (checked: its logits must match ours), then all
 candidates run interleaved (ours, timm, transformers, ..., ours, timm, ...) after a warm-up, so a change in the
 machine's load hits them alike. For each we report the median and min/max over the rounds, the paired ratio of
-our time to each peer's (median over rounds), and the achieved FLOP/s (`vitlab.flops.count_flops`, attention
+our time to each peer's (median over rounds), and the achieved FLOP/s (`vitlab.models.flops.count_flops`, attention
 included) as a fraction of this machine's measured matmul peak in the same dtype (MFU). Peak memory is the
 rise of the process's resident set during one call, sampled every millisecond (CPU; on CUDA,
 `torch.cuda.max_memory_allocated`). Results go to the terminal, `bench.json` and `bench.png`.

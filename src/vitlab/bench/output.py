@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .._extras import needs
-from ..io import atomic_write
+from ..utils.extras import needs
+from ..utils.io import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -16,7 +16,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..model import VisionTransformer
+from ..deploy.runtimes import to_onnxruntime, to_openvino
+from ..models.vit import VisionTransformer
+from ..weights import torchvision as tvw
 
 # runtime peer -> {our dtype pass it runs in: its compute dtype}; int8 peers run beside our fp32 (and our int8 mode)
 RUNTIME_PEERS: dict[str, dict[str, str]] = {
@@ -59,7 +61,6 @@ def build_torchvision(model: VisionTransformer) -> nn.Module:
     """torchvision's VisionTransformer (square images, class token, learned position embeddings only)."""
     from torchvision.models.vision_transformer import VisionTransformer as TvViT
 
-    from ..weights import torchvision as tvw
 
     c = model.cfg
     h, w = c.img_hw
@@ -126,8 +127,6 @@ class OnnxRuntime:
     """Our model exported to ONNX (fp32), run by onnxruntime's CPU provider with the same thread count."""
 
     def __init__(self, model: VisionTransformer, threads: int):
-        from ..deploy import to_onnxruntime
-
         example = torch.zeros(1, model.cfg.in_chans, *model.cfg.img_hw)
         self.module = to_onnxruntime(model.float(), example, threads=threads)
 
@@ -144,8 +143,6 @@ def build_runtime(name: str, model: VisionTransformer, dname: str, threads: int,
         ImportError: The runtime is not installed (MissingExtraError names the extra).
         ValueError: A precision the CPU lacks (OpenVINO bf16) or a model the runtime cannot express.
     """
-    from ..deploy import to_onnxruntime, to_openvino
-
     cdt = RUNTIME_PEERS[name].get(dname)
     if cdt is None:
         return None

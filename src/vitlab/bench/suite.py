@@ -20,11 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import precision
-from ..config import ViTConfig
-from ..flops import count_flops
-from ..model import VisionTransformer, create_model
-from ..optimize import CALIBRATED_MODES, MODES, optimize
+from ..data import first_images, parse_data_spec
+from ..deploy.optimize import CALIBRATED_MODES, MODES, optimize
+from ..models.config import ViTConfig
+from ..models.flops import count_flops
+from ..models.vit import VisionTransformer
+from ..perf import precision
+from ..weights import create_model
 from .peers import BUILDERS, PEERS, RUNTIME_PEERS, build_runtime
 from .timing import loadavg, machine_info, matmul_peak, peak_memory, perturb_
 
@@ -145,8 +147,6 @@ def _real_images(bc: BenchConfig, cfg: ViTConfig, split: str, n: int) -> tuple[t
     """(n, C, H, W) images of `split` of `bc.accuracy_data` prepared at the model's size (grey repeated for RGB),
     and where they came from; random images when there is no such data here."""
     if bc.accuracy_data and n > 0:
-        from ..data import first_images, parse_data_spec
-
         try:
             dc = parse_data_spec(bc.accuracy_data).replace(expand_channels=cfg.in_chans == 3)
             images = first_images(dc, split, n, img_size=cfg.img_hw, in_chans=cfg.in_chans)
@@ -208,7 +208,7 @@ def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
 
 def _time_interleaved(calls: dict[str, Callable[[], object]], bc: BenchConfig) -> dict[str, list[float]]:
     """Warm each call up, then time rounds in turn (a, b, ..., a, b, ...) so load changes hit all alike
-    (`vitlab.precision.time_rounds`, the one timer)."""
+    (`vitlab.perf.precision.time_rounds`, the one timer)."""
     return precision.time_rounds(lambda name: calls[name](), list(calls), device=bc.device, warmup=bc.warmup,
                                  rounds=bc.rounds, iters=bc.iters)
 

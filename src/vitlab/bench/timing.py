@@ -4,7 +4,7 @@
     seconds = time_calls(lambda: model(x), warmup=2, rounds=5, iters=1)   # one entry per round
 
 `time_calls` synchronises CUDA before reading the clock, so a GPU call is timed to its end, not its launch; it
-is `vitlab.precision.time_rounds` (vitlab's one timer, interleaving candidates) with one candidate.
+is `vitlab.perf.precision.time_rounds` (vitlab's one timer, interleaving candidates) with one candidate.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 import torch
 import torch.nn.functional as F
 
-from .. import precision
-from ..precision import EMULATION_VARS
+from ..perf import cpu, precision
+from ..perf.cpu import EMULATION_VARS
 
 __all__ = ["EMULATION_VARS", "loadavg", "machine_info", "matmul_peak", "peak_memory", "perturb_", "sync",
            "time_calls"]
@@ -50,7 +50,7 @@ def time_calls(
     fn: Callable[[], object], warmup: int = 2, rounds: int = 5, iters: int = 1, device: str | torch.device = "cpu"
 ) -> list[float]:
     """Seconds per call of `fn()`, one entry per round of `iters` calls, after `warmup` untimed calls
-    (`vitlab.precision.time_rounds` with one candidate: vitlab's one timer).
+    (`vitlab.perf.precision.time_rounds` with one candidate: vitlab's one timer).
 
     Args:
         fn: The call to time (close over its inputs).
@@ -124,20 +124,20 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> int | None:
 
 
 def machine_info() -> dict:
-    """CPU model, its host class (`vitlab.precision.host_class`: AVX2 / AVX-512 / AVX-512+VNNI / AMX) and the flags
+    """CPU model, its host class (`vitlab.perf.cpu.host_class`: AVX2 / AVX-512 / AVX-512+VNNI / AMX) and the flags
     behind it, cores, threads, library versions and the current load: what a result is only valid for. Emulation
     switches in the environment (`EMULATION_VARS`) are recorded
     under "emulation": the kernels ran as on a lesser CPU, the host class names the real one."""
-    flags = precision.cpu_flags()
+    flags = cpu.cpu_flags()
     info: dict[str, Any] = {
-        "cpu": precision.cpu_model(), "host_class": precision.host_class(flags),
-        "cpu_flags": [f for f in (*precision.BF16_FLAGS, *precision.INT8_FLAGS, "avx512f", "avx2") if f in flags],
+        "cpu": cpu.cpu_model(), "host_class": cpu.host_class(flags),
+        "cpu_flags": [f for f in (*cpu.BF16_FLAGS, *cpu.INT8_FLAGS, "avx512f", "avx2") if f in flags],
         "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "loadavg_start": loadavg(),
     }
-    emulated = precision.kernel_emulation()
+    emulated = cpu.kernel_emulation()
     if emulated:
         info["emulation"] = emulated
     if torch.cuda.is_available():

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+from ..utils.version import __version__
 from ._common import (
     INTERRUPTED,
     HelpFormatter,
@@ -51,9 +52,7 @@ examples:
 
 def version() -> str:
     """`vitlab.__version__`: the package's one version string (`import vitlab` does not import torch)."""
-    from .. import __version__
-
-    return str(__version__)
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,6 +20,11 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..models.preprocess import add_cli_arguments
+from ..utils.extras import EXTRAS, MissingExtraError
+from ..utils.io import OutputError, check_writable
+from ..utils.progress import wants_progress
+
 # -- exit codes: the one scheme of every command ----------------------------------------------------------------
 
 OK = 0  # done
@@ -124,9 +129,7 @@ def add_verbosity(p: argparse.ArgumentParser, *, top: bool = False) -> None:
 
 
 def add_preprocess(p: argparse.ArgumentParser, *, normalize: bool = True) -> None:
-    """--normalize / --resize / --crop-fraction / --interpolation (vitlab.preprocess imports nothing heavy)."""
-    from ..preprocess import add_cli_arguments
-
+    """--normalize / --resize / --crop-fraction / --interpolation (vitlab.models.preprocess imports nothing heavy)."""
     add_cli_arguments(p, normalize=normalize)
 
 
@@ -147,8 +150,6 @@ def positive(name: str, value: int | float | None, *, minimum: float = 1) -> Non
 
 def want_progress(args: argparse.Namespace) -> bool:
     """A bar unless --no-progress or -q; and only on a terminal."""
-    from .._progress import wants_progress
-
     return wants_progress(not getattr(args, "no_progress", False) and not getattr(args, "quiet", 0))
 
 
@@ -195,8 +196,6 @@ def logging_to_stderr(verbose: int = 0, quiet: int = 0) -> Iterator[None]:
 def _import_message(e: ImportError) -> str:
     """The packaging helper's MissingExtraError already names the extra; for a plain ModuleNotFoundError of an
     optional module, name the extras that provide it."""
-    from .._extras import EXTRAS, MissingExtraError
-
     if isinstance(e, MissingExtraError):
         return str(e)
     top = (e.name or "").partition(".")[0]
@@ -230,7 +229,7 @@ def error_message(e: BaseException) -> tuple[int, str] | None:
     The one table:
         UsageError                                   -> 2, its message
         ImportError (MissingExtraError, a missing optional dependency) -> 1, the extra to install
-        vitlab.io.OutputError (disk full, read-only or unwritable folder, a file where a folder must be)
+        vitlab.utils.io.OutputError (disk full, read-only or unwritable folder, a file where a folder must be)
                                                      -> 1, "cannot write PATH: reason"
         OSError of a write (ENOSPC, EDQUOT, EROFS, EFBIG) -> 1, "cannot write FILE: reason"
         OSError with a file name (FileNotFoundError, PermissionError, IsADirectoryError, ...) -> 1, "FILE: reason"
@@ -239,8 +238,6 @@ def error_message(e: BaseException) -> tuple[int, str] | None:
         loss, an onnxruntime mismatch, a bad device string) -> 1, the message
     KeyboardInterrupt, also when a library wrapped it in an error of its own, is 130 (`run_command`).
     """
-    from ..io import OutputError
-
     if isinstance(e, UsageError):
         return USAGE, str(e)
     if isinstance(e, ImportError):
@@ -263,9 +260,7 @@ def error_message(e: BaseException) -> tuple[int, str] | None:
 def check_output(path: str | os.PathLike[str] | None, *, folder: bool) -> None:
     """Refuse an output that could not be written before any work is done: `path` (a file, or with `folder` a
     folder to write into) whose place is a file, a read-only file system, a folder without write permission.
-    Raises vitlab.io.OutputError ("cannot write PATH: reason"); None is accepted (no output asked for)."""
-    from ..io import check_writable
-
+    Raises vitlab.utils.io.OutputError ("cannot write PATH: reason"); None is accepted (no output asked for)."""
     if path is not None:
         check_writable(path, folder=folder)
 
@@ -340,8 +335,6 @@ def _flush_stdout() -> None:
     except BrokenPipeError:
         raise
     except OSError as e:
-        from ..io import OutputError
-
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         text = os.strerror(e.errno) if e.errno else str(e)

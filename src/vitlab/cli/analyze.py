@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..utils.progress import progress_bar
 from ._common import UsageError, add_force, add_model_inputs, add_output, check_output, positive, want_progress
 
 HELP = "the paper's figures for a checkpoint: filters, pos-emb similarity, attention"
@@ -40,10 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .._progress import progress_bar
     from ..analysis.inputs import analysis_preprocess, check_image_size, load_checkpoint, load_inputs
     from ..analysis.report import analyze, write_report
-
     positive("--batch-size", args.batch_size)
     positive("--components", args.components)
     positive("--num-images", args.num_images)

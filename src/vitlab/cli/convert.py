@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import RESIZE_MODES
+from ..models.config import RESIZE_MODES
 from ._common import add_force, add_img_size, add_progress, check_output, want_progress
 
 HELP = "convert a checkpoint between vitlab, npz, hf, torchvision and timm formats"

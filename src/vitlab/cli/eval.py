@@ -1,5 +1,5 @@
 """`vitlab eval CHECKPOINT --data SPEC`: top-1, top-5, per-class accuracy and the confusion matrix of a checkpoint
-on a dataset; thin over `vitlab.evaluate.evaluate_checkpoint`."""
+on a dataset; thin over `vitlab.inference.evaluate.evaluate_checkpoint`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from ..models.preprocess import Preprocess
 from ._common import add_device, add_preprocess, add_progress, positive, want_progress
 
 HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
@@ -14,14 +15,14 @@ DESCRIPTION = """\
 Evaluate a checkpoint on a split of a dataset: top-1, top-5, mean loss, per-class accuracy and (up to 20 classes)
 the confusion matrix. Images are prepared as the checkpoint says (its stored preprocessing, else its format's
 convention, else a default with a warning) unless --normalize / --resize / --crop-fraction / --interpolation say
-otherwise. Library: vitlab.evaluate.evaluate_checkpoint."""
+otherwise. Library: vitlab.inference.evaluate.evaluate_checkpoint."""
 EXAMPLES = """\
   vitlab eval runs/fmnist/model.safetensors --data fashion_mnist
   vitlab eval vit_b_16.IMAGENET1K_V1 --data imagefolder:/data/imagenet --split val --json > eval.json
   vitlab eval runs/ft/model.safetensors --data cifar10:/data/cifar10 --tta hflip --crop-fraction 0.875
   vitlab eval runs/ft/model.safetensors --data fashion_mnist --mode int8      # the accuracy of a speed mode"""
 
-# vitlab.optimize.MODES and vitlab.evaluate.TTA_MODES, spelled out so that --help imports no torch
+# vitlab.deploy.optimize.MODES and vitlab.inference.evaluate.TTA_MODES, spelled out so that --help imports no torch
 # (tests/test_cli.py checks that they agree)
 MODES = ("fp32", "bf16", "fp16", "compile", "compile-bf16", "int8")
 TTA_MODES = ("none", "hflip")
@@ -62,8 +63,6 @@ def format_result(r: Any) -> str:
         lines.append(f"read {r['num_samples']} images {of}; {skipped} bad files or damaged shard parts skipped "
                      "(--json lists them)")
     if r.get("preprocess"):
-        from ..preprocess import Preprocess
-
         lines.append(f"preprocessing: {Preprocess.from_dict(r['preprocess']).describe()}")
     lines += ["", "per-class accuracy:"]
     width = max(len(c) for c in r["classes"])
@@ -75,7 +74,7 @@ def format_result(r: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluate import evaluate_checkpoint
+    from ..inference.evaluate import evaluate_checkpoint
 
     positive("--batch-size", args.batch_size)
     r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,

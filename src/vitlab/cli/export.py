@@ -1,11 +1,14 @@
 """`vitlab export CHECKPOINT OUT [--to onnx|openvino] [--int8 --calib DATA]`: an ONNX graph or an OpenVINO IR with a
-dynamic batch, fp32 or int8, checked against PyTorch; thin over `vitlab.export.export_onnx` / `export_openvino`."""
+dynamic batch, fp32 or int8, checked against PyTorch; thin over `vitlab.deploy.export.export_onnx` /
+`export_openvino`, plus the real images for calibration and verification (files, a data set, or the recipe's)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
+from ..utils.extras import require
 from ._common import UsageError, add_force, add_img_size, check_output, positive
 
 HELP = "export a checkpoint to ONNX or OpenVINO (fp32 or int8), verified against PyTorch"
@@ -21,7 +24,7 @@ test split of the calibration data set or of the data set in the recipe.yaml bes
 agreement and max logit difference are reported, and an int8 model agreeing on fewer than --min-agreement of them
 is not written. --calib is a data set spec (fashion_mnist, imagefolder:/path, ...: its train split) or image files
 / folders; without it, the training images of the data set named in the checkpoint's recipe.yaml.
-Library: vitlab.export, vitlab.deploy."""
+Library: vitlab.deploy.export, vitlab.deploy.runtimes."""
 EXAMPLES = """\
   vitlab export runs/finetune/model.safetensors vit.onnx
   vitlab export runs/fmnist/model.safetensors vit.xml --to openvino --int8            # calibrates on its recipe's data
@@ -29,8 +32,8 @@ EXAMPLES = """\
   vitlab export vit_b_16.IMAGENET1K_V1 vit-b16.xml --to openvino --int8 --calib photos/ --verify-data imagefolder:/val
   python -c "import onnxruntime as ort; ort.InferenceSession('vit.onnx').run(None, {'images': x})\""""
 
-DEFAULT_OPSET = 18  # vitlab.export.DEFAULT_OPSET (tests/test_cli.py checks that they agree)
-TARGETS = ("onnx", "openvino")  # vitlab.export.TARGETS
+DEFAULT_OPSET = 18  # vitlab.deploy.runtimes.DEFAULT_OPSET (tests/test_cli.py checks that they agree)
+TARGETS = ("onnx", "openvino")  # vitlab.deploy.export.TARGETS
 SUFFIXES = {".onnx": "onnx", ".xml": "openvino"}
 
 
@@ -70,35 +73,34 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.min_agreement <= 1:
         raise UsageError(f"--min-agreement must be within 0..1, got {args.min_agreement}")
 
-    from .._extras import require
 
     if to == "openvino":  # a missing extra: said before loading anything
         require("openvino", "openvino", "--to openvino")
         if args.int8:
-            from ..deploy import require_nncf
+            from ..deploy.runtimes import require_nncf
 
             require_nncf()
     else:
         require("onnxruntime", "export", "--to onnx")
     check_output(args.output, folder=False)
 
-    from ..export import export_images, export_onnx, export_openvino
+    from ..deploy.export import export_onnx, export_openvino
     from ..weights import load_model
 
     overrides = {"img_size": args.img_size} if args.img_size is not None else {}
     model = load_model(args.checkpoint, **overrides).float().eval()
     calib = None
     if args.int8:
-        calib, calib_src = export_images(model, args.checkpoint, args.calib, "train", args.calib_images,
-                                         what="--int8 needs calibration images")
+        calib, calib_src = _real_images(model, args.checkpoint, args.calib, "train", args.calib_images,
+                                        what="--int8 needs calibration images")
         print(f"calibrating on {len(calib)} images of {calib_src}")
     verify, verify_src = None, ""
     if not args.no_verify:
         source = args.verify_data if args.verify_data is not None else args.calib
         same_files = args.verify_data is None and args.calib is not None and Path(args.calib).exists()
         if source is not None or _has_recipe(args.checkpoint):
-            verify, verify_src = export_images(model, args.checkpoint, source, "test", args.verify_images,
-                                               what="verification")
+            verify, verify_src = _real_images(model, args.checkpoint, source, "test", args.verify_images,
+                                              what="verification")
             if same_files:
                 verify_src += " (the calibration images: give --verify-data for held-out ones)"
     common = dict(overwrite=args.force, verify_batches=() if args.no_verify else (1, 3), int8=args.int8,
@@ -115,6 +117,66 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _has_recipe(checkpoint: str) -> bool:
+# -- real images for calibration and verification ----------------------------------------------------------
+
+
+def _recipe_data(checkpoint: str | Path) -> Any:
+    """The `vitlab.data.DataConfig` of the recipe.yaml beside `checkpoint` (in its folder or the one above, as a
+    training run writes them), or None."""
+    from ..train.recipe import data_config_from_dict, read_recipe_dict
+
+    for recipe in _recipe_files(checkpoint):
+        data = read_recipe_dict(recipe).get("data")
+        if isinstance(data, dict):
+            return data_config_from_dict(data)
+    return None
+
+
+def _recipe_files(checkpoint: str | Path) -> list[Path]:
+    """The recipe.yaml files beside an existing `checkpoint`: in its folder, then in the one above."""
     p = Path(checkpoint)
-    return any((d / "recipe.yaml").is_file() for d in (p.parent, p.parent.parent)) if p.exists() else False
+    return [d / "recipe.yaml" for d in (p.parent, p.parent.parent) if (d / "recipe.yaml").is_file()] if p.exists() \
+        else []
+
+
+def _has_recipe(checkpoint: str) -> bool:
+    return bool(_recipe_files(checkpoint))
+
+
+def _real_images(model: Any, checkpoint: str | Path, source: str | None, split: str, n: int, *,
+                 what: str = "images") -> tuple[Any, str]:
+    """Up to `n` real images (n, C, H, W) prepared for `model`, and where they came from.
+
+    Args:
+        model: The loaded model (its size and channels decide the preparation).
+        checkpoint: Where it was loaded from (its preprocessing; the recipe.yaml beside it).
+        source: Image files or folders, or a data set spec ("fashion_mnist", "imagefolder:/path": its `split`);
+            None: `split` of the data set in the recipe.yaml beside `checkpoint`.
+        split: "train" (calibration) or "test" (verification).
+        n: Images to take.
+        what: Names the purpose in the error when there is no source.
+
+    Raises:
+        ValueError: No source and no recipe.yaml; an empty source; a data set that does not fit the model.
+        FileNotFoundError: A file, folder or data set that does not exist.
+    """
+    from ..analysis.inputs import analysis_preprocess, expand_image_paths, load_inputs
+    from ..data import first_images
+
+    cfg: Any = getattr(model, "cfg", None)
+    if source is None:
+        dc = _recipe_data(checkpoint)
+        if dc is None:
+            raise ValueError(f"{what}: give --calib DATA (a data set spec such as fashion_mnist or "
+                             f"imagefolder:/path, or image files/folders); {checkpoint} has no recipe.yaml beside "
+                             f"it naming its data set")
+        images = first_images(dc, split, n, img_size=cfg.img_hw, in_chans=cfg.in_chans)
+        if images is None:
+            raise ValueError(f"split {split!r} of the recipe's data set {dc.dataset} has no images")
+        return images, f"{dc.dataset}/{split} (the checkpoint's recipe.yaml)"
+    pre = analysis_preprocess(model, checkpoint, cfg.img_hw)
+    if Path(source).exists():
+        paths = expand_image_paths([source])[:n]
+        return load_inputs(model, pre, images=paths), f"{source}"
+    images = load_inputs(model, pre, data=source, split=split, num_images=n)
+    return images, f"{source}/{split}"

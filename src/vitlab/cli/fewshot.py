@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..utils.io import write_atomic
 from ._common import UsageError, add_force, add_model_inputs, add_output, check_output, positive, want_progress
 
 HELP = "few-shot linear evaluation on frozen features"
@@ -47,8 +48,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..analysis.fewshot import fewshot_evaluate
     from ..analysis.inputs import analysis_preprocess, check_image_size, load_checkpoint, split_features
-    from ..io import write_atomic
-
     positive("--seeds", args.seeds)
     positive("--batch-size", args.batch_size)
     positive("--train-limit", args.train_limit)

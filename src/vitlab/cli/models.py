@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from ..flops import format_table1, table1
+    from ..models.flops import format_table1, table1
 
     rows = table1(args.num_classes)
     bit = _bit_rows(args.num_classes)
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bit_rows(num_classes: int) -> list[dict]:
-    from ..resnet import VARIANTS, ResNetConfig, count_flops, count_params
+    from ..models.resnet import VARIANTS, ResNetConfig, count_flops, count_params
 
     rows = []
     for name in VARIANTS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_preprocess
+from ._common import add_preprocess, positive
 from .eval import MODES
 
 HELP = "classify image files with a checkpoint"
@@ -31,9 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..predict import predict
-    from ._common import positive
-
+    from ..inference.predict import predict
     positive("--top-k", args.top_k)
     out = predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode, resize=args.pp_resize,
                   crop_fraction=args.crop_fraction, interpolation=args.interpolation)

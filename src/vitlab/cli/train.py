@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ._common import INTERRUPTED, add_device, add_output, add_progress, check_output
+from ._common import INTERRUPTED, add_device, add_output, add_progress, check_output, want_progress
 
 HELP = "pre-train or fine-tune from a YAML recipe"
 DESCRIPTION = """\
@@ -37,8 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..train.loop import train
     from ..train.recipe import load_recipe
-    from ._common import want_progress
-
     recipe = load_recipe(args.config, args.overrides)
     run_dir = Path(args.output or Path("runs") / Path(args.config).stem)
     check_output(run_dir, folder=True)  # a file in the way, a read-only folder: say so before training

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from ._common import add_output, add_progress, add_verbosity, want_progress
+from ._common import HelpFormatter, add_output, add_progress, add_verbosity, check_output, want_progress
 
 HELP = "pretrained checkpoints: list the registry, show one, get (download) one"
 DESCRIPTION = """\
@@ -22,8 +22,6 @@ EXAMPLES = """\
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ._common import HelpFormatter
-
     sub = p.add_subparsers(dest="action", metavar="ACTION", title="actions")
     sub.required = True
     ls = sub.add_parser("list", help="the registry as a table", description="the registry as a table",
@@ -136,8 +134,6 @@ def _get(name: str, output: str | None, *, progress: bool) -> int:
     from ..weights import hub
 
     if output is not None:
-        from ._common import check_output
-
         check_output(output, folder=True)
         resolved = hub.fetch_to(name, output, progress=progress)
     else:

@@ -9,11 +9,16 @@ from typing import Any
 
 import torch
 
-from .._extras import needs
+from ..utils.extras import needs
 from .arrays import ArrayDataset, stratified_holdout
+from .cifar import load_cifar
 from .config import FASHION_MNIST_ROOT, DataConfig
+from .digits import load_digits_split
+from .folder import build_folder_eval_data, build_folder_train_stream
+from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_mnist_like
 from .stream import ArrayEvalData, ArrayTrainStream, EvalData, TrainStream
 from .subsets import labels_per_class, select_classes, train_subset
+from .synthetic import load_synthetic
 
 SPLITS = ("train", "val", "test")
 ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic", "digits")
@@ -22,12 +27,8 @@ ARRAY_DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic", 
 def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
     """The whole "train" or "test" file set of an in-memory dataset (read once per process, then shared)."""
     if cfg.dataset == "synthetic":  # generated, no files
-        from .synthetic import load_synthetic
-
         return load_synthetic(split, cfg.num_samples)
     if cfg.dataset == "digits":  # scikit-learn's bundled file
-        from .digits import load_digits_split
-
         return load_digits_split(split)
     root = os.path.abspath(cfg.root or FASHION_MNIST_ROOT)
     if not os.path.exists(root):
@@ -42,13 +43,9 @@ def _load_array_split(cfg: DataConfig, split: str) -> ArrayDataset:
 def _load_cached(dataset: str, root: str, split: str, stamp: tuple) -> ArrayDataset:
     del stamp  # part of the cache key only: a changed file reloads
     if dataset in ("fashion_mnist", "mnist"):
-        from .idx import FASHION_MNIST_CLASSES, MNIST_CLASSES, load_mnist_like
-
         classes = FASHION_MNIST_CLASSES if dataset == "fashion_mnist" else MNIST_CLASSES
         data = load_mnist_like(root, split, classes)
     else:
-        from .cifar import load_cifar
-
         data = load_cifar(root, dataset, split)
     return data
 
@@ -114,8 +111,6 @@ def build_train_stream(
         return ArrayTrainStream(data, cfg, img_size=img_size, in_chans=in_chans, name=cfg.dataset, report=report,
                                 **common)
     if cfg.dataset == "imagefolder":
-        from .folder import build_folder_train_stream
-
         return build_folder_train_stream(cfg, img_size=img_size, in_chans=in_chans, **common)
     with needs("data", "data.dataset: webdataset"):
         from .webds import WebDatasetTrainStream
@@ -133,8 +128,6 @@ def build_eval_data(
         return ArrayEvalData(data, cfg, name=f"{cfg.dataset}/{split}", img_size=img_size, in_chans=in_chans,
                              batch_size=batch_size, report=report)
     if cfg.dataset == "imagefolder":
-        from .folder import build_folder_eval_data
-
         return build_folder_eval_data(cfg, split, img_size=img_size, in_chans=in_chans, batch_size=batch_size)
     with needs("data", "data.dataset: webdataset"):
         from .webds import WebDatasetEvalData

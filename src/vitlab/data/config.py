@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import check_bool, check_keys, check_number
+from ..models.config import check_bool, check_keys, check_number
 
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "imagefolder", "webdataset", "synthetic", "digits")
 BUILTIN = ("fashion_mnist", "synthetic", "digits")  # need no data.root

@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from .._extras import needs
+from ..utils.extras import needs
 from .arrays import ArrayDataset
 
 DIGITS_CLASSES = tuple(str(i) for i in range(10))

@@ -21,8 +21,11 @@ import torch
 import torchvision.transforms.v2 as T
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..config import to_hw
-from ..preprocess import Preprocess, from_stats, resolve
+from ..models.config import to_hw
+from ..models.preprocess import Preprocess, from_stats, resolve
+from ..weights import hub
+from ..weights.checkpoint import read_checkpoint
+from ..weights.infer import infer_config
 from .batch_augment import norm_stats
 from .config import DataConfig
 from .errors import DataError
@@ -241,10 +244,6 @@ def preprocess_of(source: Any, *, what: str | None = None, **overrides: Any) -> 
     if isinstance(source, Mapping):
         return Preprocess.from_dict({**source, **overrides})
     if isinstance(source, str | Path):  # a path or any name vitlab.weights.hub.resolve takes
-        from ..weights import hub
-        from ..weights.checkpoint import read_checkpoint
-        from ..weights.infer import infer_config
-
         resolved = hub.resolve(source)
         ckpt = read_checkpoint(resolved.path)
         own = hub.entry_preprocess(resolved.entry) or ckpt.preprocess

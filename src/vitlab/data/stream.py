@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torchvision.transforms.v2 as T
 
-from ..config import to_hw
+from ..models.config import to_hw
 from .arrays import ArrayDataset
 from .batch_augment import (
     center_crop_batch,

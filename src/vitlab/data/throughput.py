@@ -24,6 +24,7 @@ from PIL import Image
 
 from .build import build_train_stream
 from .config import DataConfig
+from .idx import FASHION_MNIST_CLASSES, load_mnist_like
 from .stream import one_thread
 
 
@@ -37,8 +38,6 @@ def _rate(step: Callable[[], object], batch_size: int, seconds: float) -> float:
 
 
 def _per_image_baseline(img_size: int, batch_size: int, seconds: float) -> float:
-    from .idx import FASHION_MNIST_CLASSES, load_mnist_like
-
     data = load_mnist_like("/usr/share/datasets/fashion-mnist", "train", FASHION_MNIST_CLASSES)
     images = torch.from_numpy(data.images)
     tf = T.Compose([T.RandomResizedCrop(img_size, antialias=True), T.RandomHorizontalFlip(),
@@ -54,8 +53,6 @@ def _per_image_baseline(img_size: int, batch_size: int, seconds: float) -> float
 
 
 def _png_tree(root: str, n: int) -> None:
-    from .idx import FASHION_MNIST_CLASSES, load_mnist_like
-
     data = load_mnist_like("/usr/share/datasets/fashion-mnist", "train", FASHION_MNIST_CLASSES)
     for i in range(n):
         d = os.path.join(root, str(int(data.labels[i])))

@@ -22,6 +22,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .machine import machine_summary
+from .report import write_report
+
 EXPERIMENTS = ("data-scale", "transfer", "resolution", "inside")
 
 __all__ = ["EXPERIMENTS", "experiment_module", "reproduce"]
@@ -47,9 +50,6 @@ def reproduce(name: str, out: str | Path, *, quick: bool = False, budget_min: fl
             many minutes (`vitlab.paper.budget`); None: the setting's own steps.
         progress: Progress bars of the sub-runs.
     """
-    from .machine import machine_summary
-    from .report import write_report
-
     mod = experiment_module(name)
     out = Path(out)
     t0 = time.perf_counter()

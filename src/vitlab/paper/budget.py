@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..weights import create_model
+
 MIN_STEPS = 2  # no job is scaled below this many steps
 PROBE_STEPS = 3  # timed steps per model, after one untimed
 
@@ -45,7 +47,6 @@ def step_seconds(model: dict[str, Any], batch_size: int, num_classes: int = 10) 
     """Seconds per AdamW step (forward, backward, update) of `model` on random inputs, fp32, this process."""
     import torch
 
-    from ..model import create_model
 
     over = dict(model)
     name = over.pop("name")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .budget import Job, budget_factor
+from .figures import lines_plot
 from .plan import load_or_make_plan
 from .recipes import LABELS, MODEL_KINDS, data_section, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
@@ -204,8 +205,6 @@ def claims(result: dict[str, Any]) -> list[Claim]:
 
 
 def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
-    from .figures import lines_plot
-
     s, runs = result["settings"], result["runs"]
     header = ["model", *[f"{n:,} images" for n in s["sizes"]]]
     rows_top1, rows_fs, rows_ep = [], [], []

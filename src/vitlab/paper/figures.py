@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._extras import needs
+from ..utils.extras import needs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -21,9 +21,16 @@ from typing import Any
 
 import numpy as np
 
+from ..analysis.filters import filter_pca
+from ..analysis.findings import _spearman, analyze
+from ..analysis.page import sections
+from ..data import DataConfig, build_eval_data
+from ..weights import create_model, load_model
+from .figures import lines_plot
 from .recipes import data_section, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
 from .subrun import finished, run_or_resume
+from .upstream import DIR, UPSTREAM_CLASSES
 
 NAME = "inside"
 LOW_FREQ_MARGIN = 0.1  # the filters count as smooth when their low-frequency share beats random filters' by this
@@ -57,7 +64,6 @@ def _candidates(out: Path) -> list[dict[str, Any]]:
     "images_seen", "classes"}; "size" is the training-set size of the data-scale runs."""
     import json
 
-    from .upstream import DIR, UPSTREAM_CLASSES
 
     def report(run_dir: Path) -> dict[str, Any]:
         return json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
@@ -78,8 +84,6 @@ def _candidates(out: Path) -> list[dict[str, Any]]:
 
 
 def _images(model: Any, quick: bool, n: int, classes: list[int] | None = None):
-    from ..data import DataConfig, build_eval_data
-
     data = data_section(quick, **({"classes": classes} if classes else {}))
     ev = build_eval_data(DataConfig.from_dict(data), "test", img_size=model.cfg.img_size,
                          in_chans=model.cfg.in_chans, batch_size=n)
@@ -123,10 +127,6 @@ def rollout_on_object(display: np.ndarray, rollout: np.ndarray, threshold: float
 def _analyze(run_dir: Path, quick: bool, n: int, layer_maps: tuple[int, ...] = (), classes: list[int] | None = None):
     import torch
 
-    from ..analysis.filters import filter_pca
-    from ..analysis.findings import analyze
-    from ..model import create_model
-    from ..weights import load_model
 
     model = load_model(run_dir / "model.safetensors")
     result = analyze(model, _images(model, quick, n, classes), batch_size=n, layer_maps=layer_maps,
@@ -165,8 +165,6 @@ def _summary(result: Any, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False) -> dict[str, Any]:
-    from ..analysis.page import sections
-
     del budget_min  # analysis only, unless a ViT must be trained (then the setting's steps)
     s = Settings.for_run(quick)
     found = _candidates(out)
@@ -201,8 +199,6 @@ def data_trend(result: dict[str, Any]) -> dict[str, Any] | None:
     ds = sorted((m for m in result["models"].values() if m["kind"] == "data-scale"), key=lambda m: m["size"])
     if len(ds) < 2:
         return None
-    from ..analysis.findings import _spearman
-
     sizes = np.array([m["size"] for m in ds], dtype=np.float64)
     mins = np.array([m["lowest_layer_min_share"] for m in ds])
     means = np.array([m["lowest_layer_mean_share"] for m in ds])
@@ -295,8 +291,6 @@ def _why(result: dict[str, Any]) -> dict[str, str]:
 
 
 def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
-    from .figures import lines_plot
-
     models = result["models"]
     header = ["model", "training images seen (steps)", "test top-1", "filters low-freq (init, random)",
               "pos-emb near-far", "distance rise", "lowest layer: heads (share of uniform)", "rollout on object"]

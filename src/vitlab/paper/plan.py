@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..io import write_atomic
+from ..utils.io import write_atomic
 
 S = TypeVar("S")
 

@@ -1,8 +1,9 @@
 """The recipes of the experiments, built in code from the shipped Fashion-MNIST recipe plus overrides.
 
 Every sub-run starts from `configs/fmnist_pretrain.yaml` (AdamW, warm-up + cosine, label smoothing 0.1, mild
-inception crop; `vitlab.recipes`) and changes only what the experiment varies: the model, the data (subset, classes,
-dataset), the steps and the batch. Fine-tuning starts from `configs/fmnist_finetune.yaml` (the paper's SGD recipe).
+inception crop; `vitlab.train.recipes`) and changes only what the experiment varies: the model, the data (subset,
+classes, dataset), the steps and the batch. Fine-tuning starts from `configs/fmnist_finetune.yaml` (the paper's SGD
+recipe).
 
 Two scales: "full" (the models `docs/paper.md` reports: a 0.2 M-parameter ViT on 4x4 patches, the hybrid with the
 same Transformer on a one-stage BiT stem, and a BiT-R26x1 of width 16) and "quick" (the same pipeline with
@@ -14,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .. import recipes
+from ..train import recipes
 from ..train.recipe import Recipe, read_recipe_dict
 
 MODEL_KINDS = ("vit", "hybrid", "bit")

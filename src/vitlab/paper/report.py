@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..analysis.page import Section
-from ..io import write_atomic
+from ..utils.io import write_atomic
 
 __all__ = ["Claim", "Section", "png_bytes", "write_report"]
 

@@ -34,7 +34,7 @@ class Settings:
     Attributes:
         low_size: The pre-training resolution (Fashion-MNIST downsampled; a multiple of the 4-pixel patch).
         size: The fine-tuning resolution (28: native, the detail the low resolution lacks).
-        modes: Position-embedding resize modes (`vitlab.config.RESIZE_MODES`); the first is the headline one.
+        modes: Position-embedding resize modes (`vitlab.models.config.RESIZE_MODES`); the first is the headline one.
         pre_steps, pre_batch, pre_warmup: The pre-training at `low_size` (AdamW, the shipped recipe).
         steps, batch_size, warmup, lr: Every fine-tuning run and the control (SGD, the paper's recipe; the head is
             kept: same classes).
@@ -82,7 +82,7 @@ def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings
 def _eval_resized(model_path: str, size: int, mode: str, data: dict[str, Any], eval_samples: int | None) -> float:
     """Top-1 of the pre-trained model run at `size` with its position embeddings resampled by `mode`, no training."""
     from ..data import DataConfig, build_eval_data
-    from ..evaluate import evaluate
+    from ..inference.evaluate import evaluate
     from ..weights import load_model
 
     model = load_model(model_path, img_size=size, pos_embed_resize=mode)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..train import train
 from ..train.recipe import Recipe
 from ..train.rundir import check_same_recipe
 
@@ -90,8 +91,6 @@ def run_or_resume(name: str, recipe: Recipe, run_dir: str | Path, *, progress: b
         ValueError: `run_dir` holds a run of another recipe (the differing keys are named).
         Whatever `vitlab.train.train` raises (another process training there: RunLockedError).
     """
-    from ..train import train
-
     run_dir = Path(run_dir)
     has_run = (run_dir / "recipe.yaml").is_file()
     if has_run:

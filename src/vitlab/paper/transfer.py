@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..analysis.fewshot import extract_features, fewshot_evaluate, fit_ridge
+from ..data import DataConfig, build_eval_data
+from ..weights import load_model
 from .budget import Job, budget_factor, scale_steps
+from .figures import bar_groups
 from .plan import load_or_make_plan
 from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
@@ -99,8 +103,6 @@ def train_images(task: str, quick: bool, labels: int | None) -> int:
     """Labelled training images of a downstream run."""
     if labels is not None:
         return labels * _num_classes(task)
-    from ..data import DataConfig, build_eval_data
-
     return build_eval_data(DataConfig.from_dict(task_data(task, quick, None)), "train", img_size=28, in_chans=1,
                            batch_size=500).num_samples
 
@@ -135,9 +137,6 @@ def _probe(model_path: str, task: str, s: Settings) -> dict[str, Any]:
     and "all" (the ridge fitted on every training image)."""
     import numpy as np
 
-    from ..analysis.fewshot import extract_features, fewshot_evaluate, fit_ridge
-    from ..data import DataConfig, build_eval_data
-    from ..weights import load_model
 
     model = load_model(model_path)
     cfg = DataConfig.from_dict(task_data(task, s.quick, None))
@@ -219,8 +218,6 @@ def claims(result: dict[str, Any]) -> list[Claim]:
 
 
 def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
-    from .figures import bar_groups
-
     tables, parts = [], []
     s = result["settings"]
     for task, rows in result["table"].items():

@@ -1,12 +1,13 @@
 """Training: YAML recipes, the optimizer and schedule, the loop, atomic resumable checkpoints, distributed set-up
 and the run report.
 
-    recipe = load_recipe("configs/fmnist_pretrain.yaml", ["train.steps=100"])
+    recipe = load_recipe(recipes.path("fmnist_pretrain"), ["train.steps=100"])  # a shipped recipe, or any file
     result = train(recipe, "runs/fmnist")           # resumable: train(recipe, "runs/fmnist", resume=True)
     result.eval.top1, result.model, result.report  # a TrainResult
 """
 
-from ..evaluate import EvalResult, evaluate
+from ..inference.evaluate import EvalResult, evaluate
+from . import recipes
 from .checkpoint import latest_checkpoint, list_checkpoints, load_latest_checkpoint, save_checkpoint
 from .loop import NonFiniteError, RunDirError, RunLockedError, TrainResult, build_model, train, train_step
 from .optim import build_optimizer, param_groups
@@ -30,6 +31,7 @@ __all__ = [
     "load_recipe",
     "lr_at",
     "param_groups",
+    "recipes",
     "save_checkpoint",
     "train",
     "train_step",

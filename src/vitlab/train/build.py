@@ -7,9 +7,12 @@ from typing import Any
 
 from torch import nn
 
-from ..config import ViTConfig
-from ..model import VisionTransformer, create_model
-from ..resnet import ResNetConfig, ResNetV2
+from ..models.config import ViTConfig
+from ..models.preprocess import data_config_fields, from_data_config
+from ..models.resnet import ResNetConfig, ResNetV2
+from ..models.vit import VisionTransformer
+from ..weights import WeightsWarning, create_model, load_weights
+from ..weights.checkpoint import read_preprocess
 from .recipe import Recipe, data_config_from_dict
 
 
@@ -30,7 +33,6 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
     if recipe.init.checkpoint:
         import warnings
 
-        from ..weights import WeightsWarning, load_weights
 
         name = recipe.init.checkpoint  # a path, registry name, hf-hub:owner/repo, gs:// or https URL
         with warnings.catch_warnings(record=True) as caught:  # noted in the report instead (pre-logits dropped)
@@ -48,11 +50,10 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
 
 
 def init_preprocess(recipe: Recipe) -> Any:
-    """The preprocessing `init.checkpoint` carries (`vitlab.preprocess.Preprocess`), or None (none, or unknown)."""
+    """The preprocessing `init.checkpoint` carries (a `vitlab.models.preprocess.Preprocess`), or None (none, or
+    unknown)."""
     if not recipe.init.checkpoint:
         return None
-    from ..weights.checkpoint import read_preprocess
-
     try:
         return read_preprocess(recipe.init.checkpoint)
     except FileNotFoundError as e:
@@ -63,8 +64,6 @@ def data_config_with_init(recipe: Recipe) -> Any:
     """The recipe's DataConfig; when fine-tuning, the checkpoint's statistics and eval resize fill the fields the
     recipe's data section does not set (normalize, eval_resize, eval_crop_fraction): fine-tuning feeds the weights
     pixels prepared the way they were pre-trained on unless the recipe says otherwise."""
-    from ..preprocess import data_config_fields
-
     data = dict(recipe.data)
     pre = init_preprocess(recipe)
     if pre is not None:
@@ -80,8 +79,6 @@ def data_config_with_init(recipe: Recipe) -> Any:
 
 def trained_preprocess(recipe: Recipe, data_cfg: Any, vit_cfg: ViTConfig | ResNetConfig) -> Any:
     """The eval preprocessing the run's data pipeline applies, stored with every model it saves."""
-    from ..preprocess import from_data_config
-
     try:
         data_cfg = data_cfg or data_config_with_init(recipe)
         return from_data_config(data_cfg, vit_cfg.img_size, vit_cfg.in_chans)

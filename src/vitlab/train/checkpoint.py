@@ -5,7 +5,7 @@ A checkpoint of step s is two files in `run_dir/checkpoints/`:
     step_{s:08d}.safetensors   the weights with the ViTConfig and metadata (`vitlab.save_weights`)
     step_{s:08d}.state.pt      training state: optimizer, step, RNG states, data position, EMA (torch.save)
 
-Each is written with `vitlab.io.write_atomic`: a temporary file in the same folder, fsync'ed, `os.replace`d onto
+Each is written with `vitlab.utils.io.write_atomic`: a temporary file in the same folder, fsync'ed, `os.replace`d onto
 its name, the folder fsync'ed. The state file is written last and names the step, so a checkpoint exists only when
 its state file does: a kill in the middle leaves at most a stray temporary file and the previous checkpoint intact.
 The state file holds only tensors, numbers, strings, lists and dicts, so it loads with `weights_only=True`.
@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from ..io import write_atomic
+from ..utils.io import write_atomic
 
 CKPT_RE = re.compile(r"step_(\d{8})\.state\.pt")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
-    """`vitlab.io.write_atomic(path, write, overwrite=True)` (kept for the training modules that call it)."""
+    """`vitlab.utils.io.write_atomic(path, write, overwrite=True)` (kept for the training modules that call it)."""
     return write_atomic(path, write, overwrite=True)
 
 

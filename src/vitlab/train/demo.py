@@ -27,12 +27,18 @@ from typing import Any
 
 import torch
 
-from .. import recipes
-from .._extras import MissingExtraError
-from ..evaluate import EvalResult, evaluate
-from ..io import write_atomic
-from ..model import VisionTransformer
+from ..analysis.findings import analyze
+from ..data import build_eval_data, build_train_stream
+from ..inference.evaluate import EvalResult, evaluate
+from ..models.config import pixels_per_token
+from ..models.vit import VisionTransformer
+from ..perf.autotune import machine_key
+from ..utils.extras import MissingExtraError
+from ..utils.io import write_atomic
+from ..weights import load_model
+from . import recipes
 from .build import data_config_with_init
+from .demo_page import write_page
 from .loop import TrainResult, train
 from .recipe import Recipe, load_recipe
 from .report import read_metrics
@@ -106,14 +112,10 @@ def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = 
 
     log.info("[4/4] analysis of the fine-tuned model, report")
     t, c = time.perf_counter(), time.process_time()
-    from ..weights import load_model
-
     model = load_model(str(ft["model"]))
     if not isinstance(model, VisionTransformer):
         raise RuntimeError(f"the demo's fine-tuned model is a {type(model).__name__}, not a VisionTransformer")
     images = _first_images(ft_recipe, model, ANALYSIS_IMAGES)
-    from ..analysis.findings import analyze
-
     analysis = analyze(model, images, batch_size=ANALYSIS_IMAGES, layer_maps=[0], source="vitlab demo")
     summary.update(dataset=DATASET_NAMES.get(str(pre_recipe.data.get("dataset")), str(pre_recipe.data.get("dataset"))),
                    pretrain=_brief(pre, pre_test, pre_recipe), finetune=_brief(ft, ft_test, ft_recipe),
@@ -121,8 +123,6 @@ def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = 
                    resolution_gain={"over_pretrain": ft_test.top1 - pre_test.top1,
                                     "over_same_steps_at_low_resolution": ft_test.top1 - same_test.top1},
                    transfer=transfer, findings=analysis.findings)
-    from .demo_page import write_page
-
     summary["load_average_end"] = list(os.getloadavg())
     summary["report"] = str(out / "report.html")
     _timed(summary, "analysis", t, c)
@@ -153,9 +153,6 @@ def _timed(summary: dict[str, Any], name: str, wall0: float, cpu0: float) -> Non
 
 def full_evaluation(recipe: Recipe, result: TrainResult) -> EvalResult:
     """The run's final model on every image of its eval split, prepared as the run prepared them."""
-    from ..data import build_eval_data
-    from ..weights import load_model
-
     model = load_model(str(result["model"]))
     data = build_eval_data(data_config_with_init(recipe), recipe.train.eval_split, img_size=model.cfg.img_size,
                            in_chans=model.cfg.in_chans, batch_size=recipe.train.eval_batch_size or 500)
@@ -197,16 +194,12 @@ def run_transfer(recipe_path: Path, overrides: Sequence[str], checkpoint: str, o
 
 def _train_size(recipe: Recipe) -> int:
     """Training images the recipe's data set gives (after class / label-budget selection)."""
-    from ..data import build_train_stream
-
     stream = build_train_stream(data_config_with_init(recipe), img_size=8, in_chans=1, batch_size=1, seed=0)
     return int(stream.epoch_size)
 
 
 def _first_images(recipe: Recipe, model: VisionTransformer, n: int) -> torch.Tensor:
     """The first `n` eval images (normalised, at the model's size): the analysis's inputs."""
-    from ..data import build_eval_data
-
     cfg = model.cfg
     data = build_eval_data(data_config_with_init(recipe), recipe.train.eval_split, img_size=cfg.img_size,
                            in_chans=cfg.in_chans, batch_size=n)
@@ -240,16 +233,12 @@ def _brief(s: TrainResult, test: EvalResult, recipe: Recipe) -> dict[str, Any]:
 
 
 def _machine() -> str:
-    """The CPU (or GPU) this ran on, as `vitlab.autotune` keys its measurements."""
-    from ..autotune import machine_key
-
+    """The CPU (or GPU) this ran on, as `vitlab.perf.autotune` keys its measurements."""
     return machine_key()
 
 
 def _model_words(cfg: Any) -> str:
     """One sentence naming the demo's model from its config (the page describes what ran, not what was planned)."""
-    from ..config import pixels_per_token
-
     body = (f"a {cfg.depth}-block Transformer (D={cfg.embed_dim}, {cfg.num_heads} heads, MLP {cfg.mlp_dim}, "
             f"{'global average pooling' if cfg.pool == 'gap' else 'class token'})")
     if cfg.hybrid_layers is None:

@@ -13,8 +13,9 @@ import io
 from pathlib import Path
 from typing import Any
 
-from .._extras import needs
-from ..io import write_atomic
+from ..analysis.page import sections
+from ..utils.extras import needs
+from ..utils.io import write_atomic
 
 TARGET = 0.90  # the demo's goal line on the curve: 90% Fashion-MNIST test top-1
 
@@ -173,8 +174,6 @@ def _findings(findings: dict[str, Any]) -> list[str]:
 
 def page_html(summary: dict[str, Any], analysis: Any) -> str:
     """The page for a demo `summary` and its `vitlab.analysis` result (figures drawn here)."""
-    from ..analysis.page import sections
-
     pre, ft = summary["pretrain"], summary["finetune"]
     same = summary.get("same_resolution")
     esc = html.escape

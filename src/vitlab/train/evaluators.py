@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
-from ..model import VisionTransformer
-from ..precision import autocast
+from ..analysis.fewshot import extract_features, fewshot_evaluate
+from ..data import build_eval_data
+from ..models.vit import VisionTransformer
+from ..perf.precision import autocast
 from .recipe import FewShotEvaluator
 
 
@@ -45,8 +47,6 @@ class FewShotRunner:
 
     def __init__(self, spec: FewShotEvaluator, data_cfg: Any, *, img_size: Any, in_chans: int, batch_size: int,
                  device: torch.device, precision: str) -> None:
-        from ..data import build_eval_data
-
         self.spec = spec
         self.device, self.precision = device, precision
         bs = spec.batch_size or batch_size
@@ -60,8 +60,6 @@ class FewShotRunner:
 
     def run(self, model: VisionTransformer, step: int) -> dict[str, Any]:
         """The metrics row of this evaluation at `step`: `{k}shot` (mean accuracy) and `{k}shot_std` per shot count."""
-        from ..analysis.fewshot import extract_features, fewshot_evaluate
-
         t0 = time.perf_counter()
         with autocast(self.device, self.precision):
             train_x, train_y = extract_features(model, _first(self.pool, self.spec.train_samples), self.device)

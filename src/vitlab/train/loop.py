@@ -10,7 +10,7 @@ images/s, MFU and the ETA (`meter.py`), and the recipe's `train.evaluators` (e.g
 their declared steps (`evaluators.py`).
 
 Where the rest lives: `run.py` (the run object), `step.py` (one optimizer step), `build.py` (model and data
-configuration), `rundir.py`, `rng.py`, `vitlab.precision`, `vitlab.evaluate`.
+configuration), `rundir.py`, `rng.py`, `vitlab.perf.precision`, `vitlab.inference.evaluate`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ..allocator import keep_freed_memory
-from ..evaluate import evaluate
+from ..inference.evaluate import evaluate
+from ..perf.allocator import keep_freed_memory
 from .build import build_model, data_config_with_init, init_preprocess
 from .checkpoint import list_checkpoints
 from .distributed import DistInfo, all_true, barrier, setup_distributed, teardown_distributed
@@ -120,7 +120,7 @@ def train(
         RunDirError: `run_dir` holds a run and `resume` is False, or holds none to resume.
     """
     run_dir = Path(run_dir)
-    keep_freed_memory()  # no page-fault storm from re-mmapping activations every step (vitlab/allocator.py)
+    keep_freed_memory()  # no page-fault storm from re-mmapping activations every step (vitlab/perf/allocator.py)
     info = setup_distributed(device)
     lock = RunLock(run_dir) if info.is_main else None  # one process trains in a run directory at a time
     try:

@@ -1,6 +1,6 @@
 """What the training log reports about speed: images/s, model FLOPs utilisation (MFU) and the time left.
 
-MFU (PaLM, App. B; nanoGPT prints it) is the model's FLOPs per second (`vitlab.flops.count_flops`, forward +
+MFU (PaLM, App. B; nanoGPT prints it) is the model's FLOPs per second (`vitlab.models.flops.count_flops`, forward +
 backward) over the machine's peak. The peak is measured, not looked up: a short dense matmul probe in the run's
 precision, once per process and device kind (cached), so the number means "fraction of what this machine's matmul
 units reach here", on any CPU or GPU.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ViTConfig
-from ..flops import count_flops
-from ..resnet import ResNetConfig
+from ..models.config import ViTConfig
+from ..models.flops import count_flops
+from ..models.resnet import ResNetConfig
 
 
 @functools.cache

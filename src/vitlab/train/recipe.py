@@ -20,9 +20,10 @@ from typing import Any
 
 import yaml
 
-from ..config import RESIZE_MODES, ViTConfig, check_bool, check_keys, check_number
-from ..precision import PRECISIONS
-from ..resnet import ResNetConfig, config_from_name
+from ..data import DataConfig
+from ..models.config import RESIZE_MODES, ViTConfig, check_bool, check_keys, check_number
+from ..models.resnet import ResNetConfig, config_from_name
+from ..perf.precision import PRECISIONS
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -34,7 +35,7 @@ def _check_keys(section: str, d: Any, cls: type) -> dict[str, Any]:
 
 
 def _number(section: str, key: str, value: Any, **bounds: Any) -> None:
-    """`vitlab.config.check_number` for `section.key`: an int / finite float within `bounds` (lo, hi, ...)."""
+    """`vitlab.models.config.check_number` for `section.key`: an int / finite float within `bounds` (lo, hi, ...)."""
     check_number(f"{section}.{key}", value, **bounds)
 
 
@@ -50,7 +51,7 @@ class ModelSection:
     Attributes:
         name: A variant name from `vitlab models` ("ViT-B/16", "S/16", ...) or a BiT ResNet ("BiT-R50x1", ...).
         overrides: Every other key of the section: ViTConfig fields (img_size, patch_size, pool, ...), or for a
-            BiT ResNet `vitlab.resnet.ResNetConfig` fields (img_size, in_chans, width, layers, ...).
+            BiT ResNet `vitlab.models.resnet.ResNetConfig` fields (img_size, in_chans, width, layers, ...).
     """
 
     name: str = "ViT-B/16"
@@ -424,8 +425,6 @@ class Recipe:
 
 def data_config_from_dict(d: dict[str, Any]):
     """The data section as a `vitlab.data.DataConfig` (imported lazily: the data package is optional here)."""
-    from ..data import DataConfig
-
     return DataConfig.from_dict(d)
 
 

@@ -10,8 +10,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._extras import needs
-from ..io import write_atomic
+from ..utils.extras import needs
+from ..utils.io import write_atomic
 
 logger = logging.getLogger("vitlab.train")
 

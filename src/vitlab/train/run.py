@@ -20,13 +20,16 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from .._extras import needs
-from ..config import to_hw
-from ..evaluate import EvalResult, Result, evaluate
-from ..io import write_atomic, writing
-from ..model import VisionTransformer, create_model
-from ..precision import resolve_precision
-from ..resnet import ResNetV2
+from ..data import build_eval_data, build_train_stream
+from ..data.workers import skipped_summary
+from ..inference.evaluate import EvalResult, Result, evaluate
+from ..models.config import to_hw
+from ..models.resnet import ResNetV2
+from ..models.vit import VisionTransformer
+from ..perf.precision import resolve_precision
+from ..utils.extras import needs
+from ..utils.io import write_atomic, writing
+from ..weights import create_model, save_weights
 from . import checkpoint as ckpt
 from .build import build_model, data_config_with_init, trained_preprocess
 from .distributed import (
@@ -44,6 +47,7 @@ from .meter import Meter
 from .mixup import BatchMix
 from .optim import build_optimizer
 from .recipe import Recipe, size_at
+from .report import open_metrics, read_metrics, speed_and_evaluators, write_report
 from .rng import rng_state, seed_everything, set_rng_state
 from .rundir import resume_point, write_recipe
 from .schedule import lr_at
@@ -166,8 +170,6 @@ class Run:
 
     def _build_data(self, stream: Any, eval_data: Any) -> None:
         """Each optimizer step pulls accum_steps micro-batches; the ranks' micro-batches make the global batch."""
-        from ..data import build_eval_data, build_train_stream
-
         tr, info, cfg = self.tr, self.info, self.vit_cfg
         micro = tr.batch_size // tr.accum_steps
         if stream is None:
@@ -275,8 +277,6 @@ class Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not resume:
             write_recipe(self.run_dir, self.recipe)
-        from .report import open_metrics
-
         # the rows and events an earlier process of the run wrote after the checkpoint this one goes on from (step
         # S; 0 for a run started again) are dropped: they are logged again. Step S's own were written before its
         # checkpoint and stay (but the final evaluation's, at the last step, is done again), so TensorBoard purges
@@ -508,8 +508,6 @@ class Run:
                              train_state, tr.keep_checkpoints)
 
     def _save_weights(self, path: Path, model: VisionTransformer | ResNetV2, extra: dict[str, Any]) -> None:
-        from ..weights import save_weights
-
         if self.trained_pre is not None:
             model.preprocess = self.trained_pre
         meta = {"recipe": self.recipe.to_dict(), "classes": self.classes, "total_steps": self.total_steps}
@@ -526,8 +524,6 @@ class Run:
         m = self.eval_model() if status.startswith("completed") else None  # every rank (FSDP gathers)
         if not info.is_main:
             return out
-        from .report import read_metrics, speed_and_evaluators, write_report
-
         out.images_per_s, out.mfu, out.evaluators = speed_and_evaluators(read_metrics(self.run_dir / "metrics.jsonl"))
         if m is not None and final_eval is not None:
             final_path = self.run_dir / "model.safetensors"
@@ -537,8 +533,6 @@ class Run:
             write_atomic(final_path, lambda p: self._save_weights(
                 p, m, {"step": s.step, "metrics": metrics, "ema": self.ema is not None}), overwrite=True)
             out.model, out.eval, out.eval_split = str(final_path), final_eval, self.tr.eval_split
-            from ..data.workers import skipped_summary
-
             out.bad_data = {name: skipped_summary(getattr(d, "report", None)) for name, d in
                             (("train", self.stream), ("eval", self.eval_data)) if d is not None}
             report = {k: v for k, v in out.to_dict().items() if v is not None}

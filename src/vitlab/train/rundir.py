@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..io import write_atomic
+from ..utils.io import write_atomic
 from . import checkpoint as ckpt
 from .recipe import Recipe
 
@@ -40,7 +40,7 @@ RESUMABLE_CHANGES = {"train.eval_every", "train.checkpoint_every", "train.log_ev
 RUN_MARKERS = ("recipe.yaml", "metrics.jsonl", "checkpoints")
 LOCK_NAME = ".vitlab-run.lock"
 
-# The files a run writes with `vitlab.io.write_atomic`, by folder: a `.tmp-<hex>-<name>` temporary of one of them
+# The files a run writes with `vitlab.utils.io.write_atomic`, by folder: a `.tmp-<hex>-<name>` temporary of one of them
 # found at the start of the run (which holds the lock) was left by a killed write of an earlier process of it.
 _TMP = r"(?:\.tmp-[0-9a-f]{8}-)+"  # nested writes (a staged group) stack the prefix
 _STALE_TEMPS = {

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..precision import autocast
+from ..perf.precision import autocast
 from .distributed import DistInfo, all_reduce_mean, all_true
 from .mixup import BatchMix
 

@@ -5,7 +5,7 @@ backward, clipping, the update) on a random batch of the run's micro-batch shape
 the run's model, optimizer, data stream and random numbers are untouched. The step is timed eager, as a proxy for
 the compiled one: compiling the step twice (once per precision) would cost more than a short run does in all
 (~45 s each for the Fashion-MNIST hybrid on 2 cores). The answer is cached per machine and shape
-(`vitlab.autotune`), so the measuring (a few seconds to a minute, once) is paid by the first run only.
+(`vitlab.perf.autotune`), so the measuring (a few seconds to a minute, once) is paid by the first run only.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..precision import choose_precision, model_signature, resolve_precision
+from ..perf.precision import choose_precision, model_signature, resolve_precision
 from .step import train_step
 
 
@@ -24,7 +24,7 @@ def train_precision(model: nn.Module, make_optimizer: Callable[[nn.Module], torc
                     batch_shape: tuple[int, ...], num_classes: int, device: torch.device | str,
                     precision: str = "auto", *, clip_grad_norm: float | None = None) -> str:
     """`precision` itself unless "auto"; then the precision whose training step is faster here (measured once
-    per machine and shape, see `vitlab.precision.choose_precision`).
+    per machine and shape, see `vitlab.perf.precision.choose_precision`).
 
     Args:
         model: The model to train (copied for the measurement, not changed).

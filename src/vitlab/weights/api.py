@@ -10,11 +10,11 @@ from typing import Any, Literal, overload
 import torch
 from torch import nn
 
-from ..config import RESIZE_MODES, ViTConfig
-from ..hybrid import set_eps
-from ..model import VisionTransformer
-from ..preprocess import resolve as resolve_preprocess
-from ..resnet import ResNetConfig, ResNetV2
+from ..models.config import RESIZE_MODES, ViTConfig
+from ..models.hybrid import set_eps
+from ..models.preprocess import resolve as resolve_preprocess
+from ..models.resnet import ResNetConfig, ResNetV2
+from ..models.vit import VisionTransformer
 from . import bit, hf, hub, npz, ours
 from .apply import apply_state_dict
 from .checkpoint import Checkpoint, read_checkpoint

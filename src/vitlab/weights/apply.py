@@ -9,9 +9,9 @@ from typing import cast
 import torch
 from torch import nn
 
-from ..model import VisionTransformer
-from ..posembed import infer_grid, resample_pos_embed
-from ..resnet import ResNetV2
+from ..models.posembed import infer_grid, resample_pos_embed
+from ..models.resnet import ResNetV2
+from ..models.vit import VisionTransformer
 from .report import LoadReport, ShapeMismatchError, WeightsError, WeightsWarning
 
 _HEAD = ("head.weight", "head.bias")

@@ -11,7 +11,7 @@ with a few differences, all undone here before the tree goes through the vit_jax
   gets a zero row in front. Files from before 2022 have a row for the class token (N + 1 rows, N square),
   which is then used as is, as big_vision's `fix_old_checkpoints` does.
 - `posemb="sincos2d"` stores no table: the fixed 2-D sin-cos embedding (ours is the same function, see
-  `vitlab.posembed.sincos_2d`), so the file does not fix the input size.
+  `vitlab.models.posembed.sincos_2d`), so the file does not fix the input size.
 - Blocks are named as current flax numbers submodules (`LayerNorm_0`, `MultiHeadDotProductAttention_0`,
   `LayerNorm_1`, `MlpBlock_0`); the released vit_jax names are accepted too, as big_vision's loader does.
 - A model trained with `scan=True` stores one `Transformer/encoderblock` whose tensors carry the depth as a

@@ -1,4 +1,4 @@
-"""BiT ResNet-v2 weights (`vitlab.resnet`): timm's `resnetv2_*_bit` state dicts and Google's BiT `.npz` files.
+"""BiT ResNet-v2 weights (`vitlab.models.resnet`): timm's `resnetv2_*_bit` state dicts and Google's BiT `.npz` files.
 
 timm's names are ours except the classifier, a 1x1 convolution there and a Linear here:
 
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..resnet import VARIANTS, ResNetConfig, ResNetV2
+from ..models.resnet import VARIANTS, ResNetConfig, ResNetV2
 from .report import LoadReport, WeightsError
 
 PREFIX = "resnet/"

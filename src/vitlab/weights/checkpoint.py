@@ -15,10 +15,12 @@ from typing import Any
 
 import torch
 
-from .. import preprocess as pp
-from ..config import ViTConfig
-from ..resnet import ResNetConfig, config_from_dict
+from ..models import preprocess as pp
+from ..models.config import ViTConfig
+from ..models.resnet import ResNetConfig, config_from_dict
 from . import big_vision, bit, hf, npz, ours, safety, timm, torchvision
+from .hub import resolve
+from .infer import infer_config
 from .report import WeightsError
 
 FORMATS = ("vitlab", "npz", "big_vision", "timm", "hf", "torchvision")
@@ -45,7 +47,7 @@ class Checkpoint:
             preprocessor_config.json; timm hub: config.json's pretrained_cfg) or the format's convention (vit_jax
             `.npz`: [-1, 1], whole image; torchvision: ImageNet statistics, shorter side 256, crop 224); None when
             unknown (a bare timm or transformers state dict). Its img_size is the checkpoint's own; the resolver
-            (`vitlab.preprocess.resolve`) puts the model's in its place.
+            (`vitlab.models.preprocess.resolve`) puts the model's in its place.
     """
 
     source: Path
@@ -90,8 +92,6 @@ def _img_size(ckpt: Checkpoint) -> int | tuple[int, int]:
         return ckpt.config.img_size
     if "img_size" in ckpt.known:
         return ckpt.known["img_size"]
-    from .infer import infer_config
-
     try:
         return infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0].img_size
     except (WeightsError, ValueError, KeyError, IndexError):
@@ -168,7 +168,7 @@ def _read_dir(path: Path) -> Checkpoint:
 def _from_tensors(tensors: dict[str, torch.Tensor], path: Path) -> Checkpoint:
     src = str(path)
     keys = set(tensors)
-    if bit.matches_timm(keys):  # timm's resnetv2_*_bit (a BiT ResNet, vitlab.resnet)
+    if bit.matches_timm(keys):  # timm's resnetv2_*_bit (a BiT ResNet, vitlab.models.resnet)
         return Checkpoint(path, "timm", bit.timm_to_ours(tensors, src))
     if timm.matches(keys):
         return Checkpoint(path, "timm", timm.to_ours(tensors, src))
@@ -344,8 +344,6 @@ def read_preprocess(name_or_path: str | Path) -> pp.Preprocess | None:
     """
     path, entry = Path(name_or_path), None
     if not path.exists():
-        from .hub import resolve
-
         resolved = resolve(name_or_path)
         path, entry = resolved.path, resolved.entry
     if entry is not None and getattr(entry, "preprocess", None):

@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..utils.progress import progress_bar
 from .api import load_model, read_metadata
 from .publish import EXPORT_FORMATS, export
 
 if TYPE_CHECKING:
-    from ..model import VisionTransformer
+    from ..models.vit import VisionTransformer
     from .report import LoadReport
 
 __all__ = ["ConvertResult", "convert", "format_from_suffix"]
@@ -84,8 +85,6 @@ def convert(
         ValueError: `src` and `dst` are the same file, or `to` cannot be told from the suffix.
         vitlab.weights.WeightsError: `src` cannot be read, or `to`'s library cannot compute this model.
     """
-    from .._progress import progress_bar
-
     dst = Path(dst)
     to = to or format_from_suffix(dst)
     if dst.exists() and not force and not (to == "hf" and dst.is_dir() and not any(dst.iterdir())):

@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..io import atomic_write, place, write_atomic, writing
+from ..utils.io import atomic_write, place, write_atomic, writing
 from .report import WeightsError
 
 log = logging.getLogger("vitlab.weights")

@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..config import ViTConfig
-from ..posembed import sincos_2d
-from ..preprocess import Preprocess
+from ..models.config import ViTConfig
+from ..models.posembed import sincos_2d
+from ..models.preprocess import Preprocess
 from .report import WeightsError
 
 _TOP = {

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..io import copytree_atomic
+from ..models.preprocess import Preprocess
+from ..utils.io import copytree_atomic
 from . import download as _download
 from .download import (  # re-exported: the plain-URL part of resolving a name
     _HEX,
@@ -300,11 +301,9 @@ def entry_overrides(entry: Entry | None) -> dict[str, Any]:
 
 
 def entry_preprocess(entry: Entry | None) -> Any:
-    """A registry entry's preprocessing as a `vitlab.preprocess.Preprocess`, or None."""
+    """A registry entry's preprocessing as a `vitlab.models.preprocess.Preprocess`, or None."""
     if entry is None or not entry.preprocess:
         return None
-    from ..preprocess import Preprocess
-
     if isinstance(entry.preprocess, Preprocess):
         return entry.preprocess
     facts = dict(entry.preprocess)

@@ -4,7 +4,7 @@ What the tensors fix exactly: width D and patch size P and input channels C (pat
 depth (the highest block index), MLP size (fc1 (M, D)), class token (present or not), position-embedding grid
 (rows of pos_embed, square unless a config says otherwise), classes (head (K, F)), pre-logits width, q/k/v
 biases. What they do not: the number of heads (q, k, v are stored fused, D x D either way), which we take from
-the named variant of that width (vitlab.config._WIDTHS) unless the format stores it (vit_jax's .npz does).
+the named variant of that width (vitlab.models.config._WIDTHS) unless the format stores it (vit_jax's .npz does).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from ..config import _WIDTHS, VARIANTS, ViTConfig, pixels_per_token, to_hw
-from ..posembed import infer_grid
+from ..models.config import _WIDTHS, VARIANTS, ViTConfig, pixels_per_token, to_hw
+from ..models.posembed import infer_grid
+from . import bit
 from .report import WeightsError
 
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
@@ -67,8 +68,6 @@ def infer_config(
         (config, inferred fields -> value, messages on guesses the shapes cannot settle); for a BiT ResNet's
         tensors the config is a `ResNetConfig` (`vitlab.weights.bit.infer_config`).
     """
-    from . import bit
-
     if bit.matches_state(state):
         return bit.infer_config(state, known, source)  # type: ignore[return-value]
     known = dict(known or {})

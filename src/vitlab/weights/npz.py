@@ -30,7 +30,7 @@ Hybrids (R50+ViT) add the BiT ResNet at the top level; convolution kernels are H
     block{s}/unit{u}/conv_proj/kernel, .../gn_proj/{scale,bias}       ...stages.{s-1}.blocks.{u-1}.downsample
 (a stem-only hybrid has no `stem.`: its backbone is the stem, as in timm). GroupNorm parameters may be (C,) or,
 as flax < 0.3.6 wrote them, (1, 1, 1, C). The reader sets `hybrid_eps="vit_jax"`: Google's ResNet standardises
-weights and normalises groups with other epsilons than timm's (`vitlab.hybrid.EPS`).
+weights and normalises groups with other epsilons than timm's (`vitlab.models.hybrid.EPS`).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..config import ViTConfig
-from ..io import atomic_write
-from ..posembed import sincos_2d
+from ..models.config import ViTConfig
+from ..models.posembed import sincos_2d
+from ..utils.io import atomic_write
 from .report import WeightsError
 
 PREFIX = "opt/target/"
@@ -252,7 +252,7 @@ def from_ours(state: dict[str, torch.Tensor], cfg: ViTConfig) -> tuple[dict[str,
         raise WeightsError(f"no vit_jax name for {unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
     if cfg.hybrid_layers is not None and cfg.hybrid_eps != "vit_jax":
         notes.append(f"the model's ResNet uses {cfg.hybrid_eps}'s epsilons; readers of a .npz (vit_jax, vitlab) use "
-                     "vit_jax's, which differ for filters of small variance (vitlab.hybrid.EPS)")
+                     "vit_jax's, which differ for filters of small variance (vitlab.models.hybrid.EPS)")
     if cfg.pool == "gap" and cfg.class_token:
         notes.append("pool='gap' with a class token has no vit_jax classifier setting; the reader must choose it")
     return out, notes

@@ -19,10 +19,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load, save_file
 
-from ..config import ViTConfig
-from ..io import atomic_write
-from ..preprocess import Preprocess
-from ..resnet import ResNetConfig, config_from_dict
+from ..models.config import ViTConfig
+from ..models.preprocess import Preprocess
+from ..models.resnet import ResNetConfig, config_from_dict
+from ..utils.io import atomic_write
+from ..utils.version import __version__
 from .report import WeightsError
 from .safety import sniff
 
@@ -58,8 +59,6 @@ def save_safetensors(
 ) -> Path:
     """Write `state` to `path` atomically with the config, `metadata` (JSON-serialisable) and the preprocessing
     in the header."""
-    from .. import __version__
-
     header = {"format": "pt", VERSION_KEY: __version__}
     if cfg is not None:
         header[CONFIG_KEY] = json.dumps(cfg.to_dict())

@@ -1,8 +1,8 @@
 """Publishing a model in the ecosystem's shapes: the Hub's folder layout, and files other libraries load.
 
-    model.save_pretrained("my-vit")                      # config.json + model.safetensors (+ README.md)
-    model = VisionTransformer.from_pretrained("my-vit")  # or "owner/repo" on the Hugging Face Hub
-    model.push_to_hub("owner/my-vit")                    # the same folder, uploaded in one commit
+    save_pretrained(model, "my-vit")                     # config.json + model.safetensors (+ README.md)
+    model = from_pretrained("my-vit")                    # or "owner/repo" on the Hugging Face Hub
+    push_to_hub(model, "owner/my-vit")                   # the same folder, uploaded in one commit
     export(model, "hf-dir", "hf")                        # transformers' ViTForImageClassification directory
 
 The Hub folder is what `huggingface_hub`'s `PyTorchModelHubMixin` writes (config.json beside model.safetensors)
@@ -37,18 +37,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from ..config import ViTConfig
-from ..io import atomic_write, staged
-from ..posembed import sincos_2d
-from ..preprocess import Preprocess
-from ..resnet import ResNetConfig
+from ..models.config import ViTConfig
+from ..models.posembed import sincos_2d
+from ..models.preprocess import Preprocess
+from ..models.resnet import ResNetConfig
+from ..utils.io import atomic_write, staged
+from ..utils.version import __version__
 from . import hf, hub, ours, torchvision
 from .api import load_model, save_weights
 from .report import WeightsError
 
 if TYPE_CHECKING:
-    from ..model import VisionTransformer
-    from ..resnet import ResNetV2
+    from ..models.resnet import ResNetV2
+    from ..models.vit import VisionTransformer
 
 log = logging.getLogger("vitlab.weights")
 
@@ -97,8 +98,6 @@ def save_pretrained(
 def hub_config(model: VisionTransformer | ResNetV2) -> dict[str, Any]:
     """The config.json of a Hub folder: the model's config (ViTConfig or ResNetConfig) and, when known, the
     preprocessing."""
-    from .. import __version__
-
     out: dict[str, Any] = {"library_name": "vitlab", "vitlab_version": __version__, "config": model.cfg.to_dict()}
     preprocess = getattr(model, "preprocess", None)
     if preprocess is not None:

@@ -10,7 +10,7 @@ Every entry says where the bytes are, in which format, which vitlab variant and 
 the preprocessing the weights were trained and evaluated with, the label set, the accuracy its publisher reports
 (with the source), the licence and a checksum where the publisher gives one. Where a fact could not be found it
 is null and the entry's notes say so. The JSON is validated when first read: an unknown variant, a config that
-does not build, or a preprocessing block `vitlab.preprocess.Preprocess` rejects raises `WeightsError` naming the
+does not build, or a preprocessing block `vitlab.models.preprocess.Preprocess` rejects raises `WeightsError` naming the
 entry.
 """
 
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from ..config import VARIANTS, ViTConfig
-from ..preprocess import Preprocess
-from ..resnet import VARIANTS as BIT_VARIANTS
-from ..resnet import ResNetConfig, config_from_name
+from ..models.config import VARIANTS, ViTConfig
+from ..models.preprocess import Preprocess
+from ..models.resnet import VARIANTS as BIT_VARIANTS
+from ..models.resnet import ResNetConfig, config_from_name
 from .report import WeightsError
 
 REGISTRY_PATH = Path(__file__).with_name("registry.json")
@@ -52,13 +52,13 @@ class Entry:
         url: Where the bytes are: an https URL or "hf-hub:owner/repo".
         filename: For a Hub repo, the weights file to take; None otherwise.
         format: "npz" | "big_vision" | "hf" | "timm" | "torchvision".
-        variant: The vitlab model name (a key of `vitlab.config.VARIANTS`, or of `vitlab.resnet.VARIANTS` for
-            the BiT ResNets).
+        variant: The vitlab model name (a key of `vitlab.models.config.VARIANTS`, or of
+            `vitlab.models.resnet.VARIANTS` for the BiT ResNets).
         config: ViTConfig (ResNetConfig) overrides that build this checkpoint's model, num_classes and img_size
             included.
         num_classes: Classes of the head (0: no head).
         img_size: Input side the weights were trained / fine-tuned at.
-        preprocess: `vitlab.preprocess.Preprocess` fields (see `to_preprocess`).
+        preprocess: `vitlab.models.preprocess.Preprocess` fields (see `to_preprocess`).
         labels: The head's label set ("imagenet-1k", "imagenet-21k", ...), None without a head.
         accuracy: {"metric", "value", "source"} as the publisher reports it, or None.
         license: The licence the publisher states for the weights (or what is known, in words).

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from ..config import ViTConfig
-from ..posembed import sincos_2d
+from ..models.config import ViTConfig
+from ..models.posembed import sincos_2d
 from .report import WeightsError
 
 _TOP = {

@@ -21,7 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .precision import PRECISIONS, autocast, inference_precision
+from ..data import BadImageWarning, build_eval_data, parse_data_spec, preprocess_of
+from ..data.workers import skipped_summary
+from ..deploy.optimize import MODES, optimize
+from ..models.preprocess import cli_overrides, data_overrides
+from ..perf.precision import PRECISIONS, autocast, inference_precision
+from ..weights import load_model
 
 TTA_MODES = ("none", "hflip")
 
@@ -88,7 +93,7 @@ class CheckpointEval(EvalResult):
         tta: Test-time augmentation ("none" or "hflip").
         precision: The autocast precision used ("auto" resolved).
         eval_resize: How images were brought to the model's size.
-        preprocess: The preprocessing applied (`vitlab.preprocess.Preprocess.to_dict()`).
+        preprocess: The preprocessing applied (`vitlab.models.preprocess.Preprocess.to_dict()`).
         crop_fraction: The centre-crop fraction when eval_resize is "center_crop", else None.
         expected_samples: How many samples the data should hold (None: unknown, see `expected_from`);
             `num_samples` is how many were evaluated.
@@ -135,7 +140,7 @@ def evaluate(
 
     Args:
         precision: "auto" (bf16 autocast if it measures faster for this model and batch shape on this machine,
-            see `vitlab.precision.inference_precision`), "bf16" or "fp32".
+            see `vitlab.perf.precision.inference_precision`), "bf16" or "fp32".
         tta: "none", or "hflip": test-time augmentation that averages the class probabilities of each image and
             its mirror image (twice the compute; meaningful for models trained with horizontal flips). The loss is
             then the cross-entropy of the averaged probabilities.
@@ -218,7 +223,7 @@ def evaluate_checkpoint(
 ) -> CheckpointEval:
     """Evaluate a checkpoint on `split` of the dataset `data` (a `vitlab.data.parse_data_spec` string).
 
-    Images are prepared as the checkpoint says (`vitlab.preprocess.resolve`: its stored preprocessing, else its
+    Images are prepared as the checkpoint says (`vitlab.models.preprocess.resolve`: its stored preprocessing, else its
     format's convention, else a default with a warning) unless `normalize`, `eval_resize`, `crop_fraction` (which
     implies "center_crop") or `interpolation` say otherwise.
 
@@ -239,11 +244,6 @@ def evaluate_checkpoint(
         BadImageWarning: For each bad file or damaged tar member skipped, and once more when fewer samples were
             evaluated than expected (the result's `expected_samples`, `num_skipped` and `skipped` say which).
     """
-    from .data import build_eval_data, parse_data_spec, preprocess_of
-    from .optimize import MODES, optimize
-    from .preprocess import cli_overrides, data_overrides
-    from .weights import load_model
-
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if tta not in TTA_MODES:
@@ -290,9 +290,6 @@ def _batches(ev: Iterable, progress: bool) -> Iterable:
 
 def _skipped(ev: Any, result: EvalResult, data: str, split: str) -> tuple[dict[str, Any], int | None]:
     """The data's skipped-files summary and expected sample count; warns when fewer samples were evaluated."""
-    from .data import BadImageWarning
-    from .data.workers import skipped_summary
-
     bad = skipped_summary(ev.report)
     expected = ev.report.get("expected_samples", ev.num_samples)
     if expected is not None and result.num_samples < expected:

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._extras import require
-from .deploy import calibration_tensor, input_chw  # the one reader of calibration inputs
+from ..utils.extras import require
+from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
 __all__ = ["DEFAULT_CALIB_IMAGES", "calibration_tensor", "input_chw", "quantize_static"]
 
@@ -73,7 +73,8 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
 
     Args:
         model: An fp32 classifier on the CPU taking (B, C, H, W) images (left unmodified).
-        calib: Real calibration images (see `vitlab.deploy.calibration_tensor`), prepared as for the model.
+        calib: Real calibration images (see `vitlab.deploy.calibration.calibration_tensor`), prepared as for the
+            model.
         calib_images: Use at most this many of them.
 
     Returns:

@@ -4,7 +4,7 @@
     for r in vitlab.predict("vit_b_16.IMAGENET1K_V1", ["cat.jpg"], top_k=3):
         print(r["image"], [(t["label"], round(t["prob"], 3)) for t in r["top"]])
 
-Images are prepared as the checkpoint says (`vitlab.preprocess`: its stored preprocessing, else its format's
+Images are prepared as the checkpoint says (`vitlab.models.preprocess`: its stored preprocessing, else its format's
 convention, else a default with a warning), exactly as `vitlab.data.transforms_for(model)` does; the keyword
 arguments override it. Names come from the checkpoint (`vitlab train`'s "classes", a transformers or timm config's
 labels), else ImageNet-1k's for a 1000-class head.
@@ -15,6 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from ..data import load_images, preprocess_of
+from ..data.labels import class_names
+from ..deploy.optimize import MODES, optimize
+from ..models.preprocess import cli_overrides
+from ..weights import hub, load_model, read_metadata
 
 __all__ = ["predict"]
 
@@ -37,7 +43,7 @@ def predict(
         images: Image files (any format PIL opens).
         top_k: Classes reported per image (fewer when the head has fewer).
         normalize: "inception" or "imagenet" pixel statistics instead of the checkpoint's.
-        mode: One of `vitlab.optimize.MODES`; "fp32" runs the model as loaded.
+        mode: One of `vitlab.deploy.optimize.MODES`; "fp32" runs the model as loaded.
         resize: "resize" or "center_crop" instead of the checkpoint's resize.
         crop_fraction: Share of the resized image kept by the centre crop, in (0, 1].
         interpolation: "bilinear", "bicubic" or "nearest" instead of the checkpoint's.
@@ -53,11 +59,6 @@ def predict(
     """
     import torch
 
-    from .data import load_images, preprocess_of
-    from .data.labels import class_names
-    from .optimize import MODES, optimize
-    from .preprocess import cli_overrides
-    from .weights import hub, load_model, read_metadata
 
     if top_k < 1:
         raise ValueError(f"top_k (--top-k) must be >= 1, got {top_k}")

@@ -5,28 +5,42 @@ faster depends on more than one CPU flag: with AMX tiles it is (~10x in the GEMM
 on the CPU and the work (an Intel AVX-512 host without AMX measured bf16 slower than fp32; a Zen 4 with
 avx512_bf16 runs bf16 GEMMs at about twice the fp32 rate), and the casts autocast adds weigh more on small models.
 So "auto" is decided by measuring this model's own step in each precision on this machine (`choose_precision`):
-a few interleaved steps of each, the winner cached per machine and shape by `vitlab.autotune` (later runs read it
-back). A CPU without native bf16 (no amx_bf16 / avx512_bf16: an AVX2-only host, an AVX-512 host before Cooper
+a few interleaved steps of each, the winner cached per machine and shape by `vitlab.perf.autotune` (later runs read
+it back). A CPU without native bf16 (no amx_bf16 / avx512_bf16: an AVX2-only host, an AVX-512 host before Cooper
 Lake) takes fp32 without measuring: bf16 is emulated there (9-10x slower on an AVX2 EPYC) and its trial steps alone
 would take minutes. `VITLAB_AUTOTUNE=off` keeps the rule of thumb (`rule_precision`): bf16 on a CUDA GPU with bf16
 or a CPU with AMX, else fp32. On a GPU the rule is used without measuring (bf16 tensor cores win there).
 
-`host_class()` names the kind of x86 CPU (AVX2 / AVX-512 / AVX-512+VNNI / AMX) from `cpu_flags()`, the one reader
-of /proc/cpuinfo that vitlab.optimize, vitlab.autotune and vitlab.bench share.
+What the CPU has (`cpu_flags`, `host_class`, `native_bf16`) is `vitlab.perf.cpu`'s to say; its names are importable
+from here too.
 
 Training measures with `vitlab.train.tune.train_precision`, inference with `inference_precision` (used by
-`vitlab.evaluate`). torch is imported only when a function runs: recipes validate without it.
+`vitlab.inference.evaluate`). torch is imported only when a function runs: recipes validate without it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+from . import autotune
+from .cpu import (  # noqa: F401  (BF16_FLAGS ... native_int8: re-exported, the names this module had)
+    BF16_FLAGS,
+    EMULATION_VARS,
+    HOST_CLASSES,
+    INT8_FLAGS,
+    cpu_flags,
+    cpu_has_amx,
+    cpu_model,
+    host_class,
+    kernel_emulation,
+    native_bf16,
+    native_int8,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -36,88 +50,6 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 log = logging.getLogger("vitlab.precision")
 _clock = time.perf_counter  # the clock of `time_rounds` (tests replace it with a fake clock)
-
-
-@functools.cache
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """This CPU's feature flags as Linux lists them in /proc/cpuinfo ("avx2", "avx512_vnni", "amx_bf16", ...);
-    empty where there is no such file or no x86 "flags" line in it (another OS; ARM lists "Features")."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "flags":
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-@functools.cache
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """This CPU's model name (Linux: "model name" in /proc/cpuinfo; else the platform's processor name)."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    return value.strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
-def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
-    return "amx_bf16" in cpu_flags(cpuinfo)
-
-
-# -- host classes: what decides which precisions and int8 kernels can be fast on an x86 CPU ------------------------
-
-HOST_CLASSES = ("AVX2", "AVX-512", "AVX-512+VNNI", "AMX", "other")
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products (AMX tiles, VDPBF16PS)
-INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # int8 dot products accumulated in int32 (AMX tiles, VPDPBUSD)
-
-
-EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS")
-
-
-def kernel_emulation() -> dict[str, str]:
-    """The variables set in the environment that make torch/Inductor, oneDNN, FBGEMM or MKL run a lesser CPU's
-    kernels (e.g. `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ...` on an AVX-512 host): timings taken so are
-    not this host's, and `host_class()` still names the real CPU."""
-    import os
-
-    return {k: os.environ[k] for k in EMULATION_VARS if os.environ.get(k)}
-
-
-def host_class(flags: Collection[str] | None = None) -> str:
-    """The class of x86 CPU that `flags` (default: this CPU's, `cpu_flags()`) describe, for speed decisions and
-    for labelling measurements: "AMX" (amx_bf16 / amx_int8 tiles), "AVX-512+VNNI", "AVX-512", "AVX2", or "other"
-    (no x86 flags known: another architecture or OS). An AVX2 CPU with AVX-VNNI (Alder Lake and later) is class
-    "AVX2"; `native_int8` tells its int8 apart."""
-    flags = cpu_flags() if flags is None else flags
-    if "amx_bf16" in flags or "amx_int8" in flags:
-        return "AMX"
-    if "avx512f" in flags:
-        return "AVX-512+VNNI" if "avx512_vnni" in flags else "AVX-512"
-    return "AVX2" if "avx2" in flags else "other"
-
-
-def native_bf16(flags: Collection[str] | None = None) -> bool | None:
-    """Whether the CPU computes bf16 dot products natively (amx_bf16 or avx512_bf16); None when its flags are
-    unknown (not Linux x86). Without them torch and oneDNN convert bf16 to fp32 around every multiply."""
-    flags = cpu_flags() if flags is None else flags
-    return any(f in flags for f in BF16_FLAGS) if flags else None
-
-
-def native_int8(flags: Collection[str] | None = None) -> bool | None:
-    """Whether the CPU accumulates int8 products in int32 natively (amx_int8, avx512_vnni or avx_vnni); None when
-    its flags are unknown. Without them x86 int8 GEMMs use VPMADDUBSW (u8 x s8 pairs summed in int16)."""
-    flags = cpu_flags() if flags is None else flags
-    return any(f in flags for f in INT8_FLAGS) if flags else None
 
 
 def _check(precision: str) -> None:
@@ -232,7 +164,7 @@ def time_interleaved(run: Callable[[str], object], candidates: Sequence[str], *,
 def choose_precision(precision: str, device: torch.device | str, *, kind: str, shape_key: str,
                      run: Callable[[str], object], what: str = "step") -> str:
     """`precision` itself unless it is "auto"; then the faster of fp32 and bf16 for `run(precision)` on this
-    machine, measured once (`time_interleaved`) and cached per machine and `shape_key` (`vitlab.autotune`).
+    machine, measured once (`time_interleaved`) and cached per machine and `shape_key` (`vitlab.perf.autotune`).
 
     The rule of thumb (`rule_precision`) is the answer on a GPU and with `VITLAB_AUTOTUNE=off`. On a CPU without
     native bf16 (`native_bf16()` False: no amx_bf16 / avx512_bf16) the answer is fp32 without measuring: there the
@@ -246,8 +178,6 @@ def choose_precision(precision: str, device: torch.device | str, *, kind: str, s
         what: The unit's name in the log line.
     """
     import torch
-
-    from . import autotune
 
     _check(precision)
     if precision != "auto":

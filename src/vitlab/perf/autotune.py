@@ -9,7 +9,7 @@ read them back. A candidate added later is measured alone, the stored ones are r
 The cache is one JSON file, `$VITLAB_CACHE/autotune.json` (else `$XDG_CACHE_HOME/vitlab`, else `~/.cache/vitlab`),
 laid out as machine -> kind -> shape -> {"timings": {candidate: seconds or null}, "winner": ..., "measured": ISO
 time, "load": the load average then}. Timings taken on a busy machine (load above 1.5x the cores) are measured
-again once the machine is quiet (load at most the cores). The file is rewritten atomically (vitlab.io) under an
+again once the machine is quiet (load at most the cores). The file is rewritten atomically (vitlab.utils.io) under an
 advisory lock, re-read inside the lock, so concurrent processes merge their results instead of losing them. An
 unreadable cache is logged and measured again; a cache that cannot be written is logged and the choice still
 returned.
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import precision
-from .io import OutputError, write_atomic
+from ..utils.io import OutputError, write_atomic
+from . import cpu
 
 __all__ = ["CACHE_NAME", "NOT_NOW", "cached_choice", "default_cache", "forget", "machine_key", "mode", "timings"]
 
@@ -64,9 +64,9 @@ def default_cache() -> Path:
 
 
 def _cpu_model_and_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and which of `_FLAGS` it has (`vitlab.precision.cpu_model` / `cpu_flags`)."""
-    flags = precision.cpu_flags()
-    return precision.cpu_model(), [f for f in _FLAGS if f in flags]
+    """The CPU's model name and which of `_FLAGS` it has (`vitlab.perf.cpu.cpu_model` / `cpu_flags`)."""
+    flags = cpu.cpu_flags()
+    return cpu.cpu_model(), [f for f in _FLAGS if f in flags]
 
 
 def machine_key(device: Any = "cpu") -> str:
@@ -74,7 +74,7 @@ def machine_key(device: Any = "cpu") -> str:
 
     Example: "AMD EPYC | avx512f avx512_bf16 avx512_vnni | cores=2 threads=2 | torch=2.14.1 | cpu".
     A CUDA device adds the GPU's name ("cuda:NVIDIA H200"): timings on it do not carry over to another GPU.
-    Kernel-emulation variables (`vitlab.precision.kernel_emulation`) are appended: timings taken with AVX2 kernels
+    Kernel-emulation variables (`vitlab.perf.cpu.kernel_emulation`) are appended: timings taken with AVX2 kernels
     forced on a bigger CPU must not answer for it.
     """
     import torch
@@ -85,7 +85,7 @@ def machine_key(device: Any = "cpu") -> str:
     where = device.type
     if device.type == "cuda":
         where = f"cuda:{torch.cuda.get_device_name(device)}"
-    emulated = " ".join(f"{k}={v}" for k, v in precision.kernel_emulation().items())
+    emulated = " ".join(f"{k}={v}" for k, v in cpu.kernel_emulation().items())
     return (f"{name} | {' '.join(flags) or 'no-simd-flags'} | cores={cores} threads={torch.get_num_threads()} | "
             f"torch={torch.__version__} | {where}" + (f" | emulated {emulated}" if emulated else ""))
 

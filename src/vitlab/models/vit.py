@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +20,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
-from .hub_mixin import HubMixin
 from .hybrid import backbone_channels, build_backbone, init_backbone
 from .layers import check_images, zero_head
 from .posembed import resample_pos_embed, sincos_2d
-from .resnet import ResNetConfig, ResNetV2, config_from_name
 
 if TYPE_CHECKING:
     from .preprocess import Preprocess
@@ -32,7 +30,7 @@ if TYPE_CHECKING:
 
 class PatchEmbed(nn.Module):
     """Cut the image into P x P patches and project each with E (a stride-P convolution is the same map).
-    For the hybrid (Sec. 3.1), the patches are cut from a ResNet feature map instead (`vitlab.hybrid`)."""
+    For the hybrid (Sec. 3.1), the patches are cut from a ResNet feature map instead (`vitlab.models.hybrid`)."""
 
     backbone: nn.Module | None
 
@@ -149,14 +147,14 @@ class PreLogits(nn.Module):
         return torch.tanh(self.fc(x))
 
 
-class VisionTransformer(nn.Module, HubMixin):
+class VisionTransformer(nn.Module):
     """ViT for image classification. Build with `vitlab.create_model(name, **overrides)`. Besides timm's surface
     (`forward_features`, `forward_head`, `forward_intermediates`, ...), walk it layer by layer with public names:
         z, grid = model.embed(images)               # Eq. 1: (B, prefix + N, D), (gh, gw)
         for block in model.blocks:                  # Eq. 2-3
             z, attn = block(z, return_attn=True)    # attn: (B, heads, T, T), T = prefix + N
         logits = model.forward_head(model.norm(z))  # Eq. 4
-    The Hub's folder methods (`save_pretrained`, `from_pretrained`, `push_to_hub`) come from `HubMixin`.
+    A Hub folder: `vitlab.weights.save_pretrained(model, dir)`, `vitlab.load_model(dir)`.
     """
 
     # declared for the type checker (nn.Module's attribute lookup would type them Tensor | Module)
@@ -175,7 +173,7 @@ class VisionTransformer(nn.Module, HubMixin):
         self.num_prefix_tokens = cfg.num_prefix_tokens
         self.grid_size = cfg.grid_size
         self.grad_checkpointing = False
-        self.preprocess = None  # vitlab.preprocess.Preprocess the weights expect; set by load_model, None = unknown
+        self.preprocess = None  # the Preprocess the weights expect; set by load_model, None = unknown
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
@@ -359,33 +357,3 @@ def _lecun_normal_(w: torch.Tensor) -> None:
     fan_in = w[0].numel()
     std = math.sqrt(1.0 / fan_in) / 0.87962566103423978  # std of a unit normal truncated at +-2
     nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
-
-
-def create_model(name: str | ViTConfig | ResNetConfig, weights: str | None = None, **overrides) -> Any:
-    """Build a named variant ("ViT-B/16", case-insensitive) or a `ViTConfig`, overriding any config field.
-    A BiT ResNet name ("BiT-R50x1", `vitlab.resnet`) or a `ResNetConfig` builds the paper's CNN baseline.
-
-    Args:
-        name: Variant name or a ViTConfig.
-        weights: Pretrained weights to load into it: a path, a registry name, "hf-hub:owner/repo", a gs:// or
-            https URL (anything `vitlab.weights.hub.resolve` takes). A registry entry's config fields (classes,
-            resolution, pre-logits) are used unless `overrides` say otherwise, and its preprocessing becomes
-            `model.preprocess`; another class count gets a zero head, another resolution resampled position
-            embeddings (see `load_weights`).
-        **overrides: ViTConfig fields.
-
-    Example:
-        >>> model = create_model("ViT-Ti/16", depth=4, img_size=64, num_classes=7)
-        >>> model(torch.zeros(2, 3, 64, 64)).shape
-        torch.Size([2, 7])
-    """
-    if weights is not None:
-        from .weights import hub, load_weights  # on use: vitlab.weights builds on this module
-
-        overrides = {**hub.entry_overrides(hub.locate(weights)[1]), **overrides}
-    cfg = name.replace(**overrides) if isinstance(name, ViTConfig | ResNetConfig) else \
-        config_from_name(name, **overrides)
-    model = ResNetV2(cfg) if isinstance(cfg, ResNetConfig) else VisionTransformer(cfg)
-    if weights is not None:
-        load_weights(model, weights)
-    return model

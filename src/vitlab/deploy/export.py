@@ -8,8 +8,9 @@ PyTorch before it is moved into place (`vitlab export` on the command line).
 
 ONNX: `torch.onnx.export(..., dynamo=True)` (torch.export + onnxscript), the exporter PyTorch maintains; the
 input is named `images` (B, C, H, W) with B symbolic, the output `logits` (B, num_classes); int8 is ONNX Runtime's
-static QDQ quantisation (vitlab.deploy.onnx_file). OpenVINO: `openvino.convert_model` from the PyTorch model, int8
-by NNCF's post-training quantisation with its defaults, saved as IR (.xml + .bin, weights not compressed).
+static QDQ quantisation (`vitlab.deploy.runtimes.quantize_onnx`). OpenVINO: `openvino.convert_model` from the
+PyTorch model, int8 by NNCF's post-training quantisation with its defaults, saved as IR (.xml + .bin, weights not
+compressed). Real images for calibration and verification from files or data sets: `vitlab.cli.export`.
 
 Verification: the written file is run by its runtime and compared with the PyTorch model: the largest logit
 difference (fp32: at most `atol`, scaled by the largest logit when that is above 1) and, on `verify_images` (real
@@ -21,7 +22,6 @@ clobbered file.
 from __future__ import annotations
 
 import contextlib
-import io
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -33,12 +33,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._extras import require
-from .config import to_hw
-from .io import output_error, place
-from .model import VisionTransformer
+from ..models.config import to_hw
+from ..models.vit import VisionTransformer
+from ..utils.extras import require
+from ..utils.io import output_error, place
+from .calibration import calibration_batches
+from .runtimes import (
+    DEFAULT_OPSET,
+    compile_openvino,
+    openvino_model,
+    ort_int8_format,
+    ort_session,
+    quantize_onnx,
+    save_openvino,
+    write_onnx,
+)
 
-DEFAULT_OPSET = 18
 TARGETS = ("onnx", "openvino")
 SUFFIXES = {"onnx": ".onnx", "openvino": ".xml"}
 
@@ -119,36 +129,20 @@ def export_onnx(
     for module in ("onnx", "onnxscript", "onnxruntime"):  # before writing anything
         require(module, "export", "ONNX export")
     model = model.eval()
-    example = torch.randn(2, cfg.in_chans, h, w)  # (B, C, H, W); B=2 so it is not specialised
-    batch = torch.export.Dim("batch", min=1, max=4096)
     data, fmt = None, None
     if int8:
-        from .deploy import calibration_batches, ort_int8_format
-
         data = calibration_batches(calib, (cfg.in_chans, h, w), calib_images)  # bad images: said before the work
         fmt = ort_int8_format()  # 7-bit weights on x86 without VNNI (saturation); in the report's notes
 
     def write(tmpdir: Path) -> Path:
-        tmp = tmpdir / path.name
-        with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each stage on stdout
-            program = torch.onnx.export(
-                model, (example,), input_names=["images"], output_names=["logits"],
-                dynamic_shapes={"x": {0: batch}}, opset_version=opset, dynamo=True, verbose=False,
-            )
-            if program is None:  # only the legacy (dynamo=False) exporter returns nothing
-                raise RuntimeError("torch.onnx.export returned no program")
-            program.save(str(tmp))  # weights over 2 GB go to an external-data file beside it
+        tmp = write_onnx(model, tmpdir / path.name, (h, w), opset=opset)
         if int8:
-            from .deploy import quantize_onnx
-
             fp32 = tmp.replace(tmpdir / "fp32.onnx.tmp")
             quantize_onnx(fp32, tmp, data, "static", fmt)
             fp32.unlink()
         return tmp
 
     def runner(tmp: Path) -> Callable[[np.ndarray], np.ndarray]:
-        from .deploy import ort_session
-
         session = ort_session(tmp)
         return lambda x: session.run(["logits"], {"images": x})[0]
 
@@ -183,8 +177,6 @@ def export_openvino(
         MissingExtraError: openvino / nncf is not installed (`pip install 'vitlab[openvino]'`).
         FileExistsError, ValueError, RuntimeError: as `export_onnx`.
     """
-    from .deploy import compile_openvino, openvino_model, save_openvino
-
     path = Path(path)
     cfg, (h, w) = _check_destination(model, path, "openvino", overwrite, img_size)
     require("openvino", "openvino", "OpenVINO export")
@@ -320,61 +312,3 @@ def _verify_real(run: Callable[[np.ndarray], np.ndarray], model: nn.Module, imag
         raise RuntimeError(f"the int8 model agrees with PyTorch on {100 * report.agreement:.1f}% of "
                            f"{len(ref)} images (< {100 * min_agreement:g}%); not written. More or better calibration "
                            f"images (--calib), or export fp32")
-
-
-# -- real images for calibration and verification ----------------------------------------------------------
-
-
-def recipe_data(checkpoint: str | Path) -> Any:
-    """The `vitlab.data.DataConfig` of the recipe.yaml beside `checkpoint` (in its folder or the one above, as a
-    training run writes them), or None."""
-    p = Path(checkpoint)
-    for folder in (p.parent, p.parent.parent):
-        recipe = folder / "recipe.yaml"
-        if p.exists() and recipe.is_file():
-            from .train.recipe import data_config_from_dict, read_recipe_dict
-
-            data = read_recipe_dict(recipe).get("data")
-            if isinstance(data, dict):
-                return data_config_from_dict(data)
-    return None
-
-
-def export_images(model: nn.Module, checkpoint: str | Path, source: str | None, split: str, n: int, *,
-                  what: str = "images") -> tuple[torch.Tensor, str]:
-    """Up to `n` real images (n, C, H, W) prepared for `model`, and where they came from.
-
-    Args:
-        model: The loaded model (its size and channels decide the preparation).
-        checkpoint: Where it was loaded from (its preprocessing; the recipe.yaml beside it).
-        source: Image files or folders, or a data set spec ("fashion_mnist", "imagefolder:/path": its `split`);
-            None: `split` of the data set in the recipe.yaml beside `checkpoint`.
-        split: "train" (calibration) or "test" (verification).
-        n: Images to take.
-        what: Names the purpose in the error when there is no source.
-
-    Raises:
-        ValueError: No source and no recipe.yaml; an empty source; a data set that does not fit the model.
-        FileNotFoundError: A file, folder or data set that does not exist.
-    """
-    from .analysis.inputs import analysis_preprocess, expand_image_paths, load_inputs
-
-    cfg: Any = getattr(model, "cfg", None)
-    if source is None:
-        dc = recipe_data(checkpoint)
-        if dc is None:
-            raise ValueError(f"{what}: give --calib DATA (a data set spec such as fashion_mnist or "
-                             f"imagefolder:/path, or image files/folders); {checkpoint} has no recipe.yaml beside "
-                             f"it naming its data set")
-        from .data import first_images
-
-        images = first_images(dc, split, n, img_size=cfg.img_hw, in_chans=cfg.in_chans)
-        if images is None:
-            raise ValueError(f"split {split!r} of the recipe's data set {dc.dataset} has no images")
-        return images, f"{dc.dataset}/{split} (the checkpoint's recipe.yaml)"
-    pre = analysis_preprocess(model, checkpoint, cfg.img_hw)  # type: ignore[arg-type]
-    if Path(source).exists():
-        paths = expand_image_paths([source])[:n]
-        return load_inputs(model, pre, images=paths), f"{source}"  # type: ignore[arg-type]
-    images = load_inputs(model, pre, data=source, split=split, num_images=n)  # type: ignore[arg-type]
-    return images, f"{source}/{split}"

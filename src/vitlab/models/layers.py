@@ -1,6 +1,6 @@
-"""What the ViT (`vitlab.model`) and the BiT ResNet (`vitlab.resnet`) share outside the network itself: the
-zero-initialised classifier head of fine-tuning and the check of what the model is given as images. A leaf module
-(torch only): both import it, and `vitlab.model` imports `vitlab.resnet` (for `create_model`), never the other way."""
+"""What the ViT (`vitlab.models.vit`) and the BiT ResNet (`vitlab.models.resnet`) share outside the network itself:
+the zero-initialised classifier head of fine-tuning and the check of what the model is given as images. A leaf
+module (torch only): both import it, neither imports the other."""
 
 from __future__ import annotations
 

@@ -8,19 +8,19 @@
     print(fast.module)                                              # ... with the int8 format chosen for this CPU
     logits = fast(images)                                           # (B, num_classes) fp32 torch tensor
 
-Each returns an `OptimizedModel` (see vitlab.optimize) whose `.module` is a `RuntimeModule` holding the compiled
+Each returns an `OptimizedModel` (`vitlab.deploy.optimized`) whose `.module` is a `RuntimeModule` holding the compiled
 graph: it takes fp32 (or any float) images (B, C, H, W) on the CPU, with B free, and returns fp32 logits.
-`save_openvino` / `save_onnx` write what these build (vitlab.export uses them).
+`save_openvino` / `write_onnx` write what these build (`vitlab.deploy.export` uses them).
 
 int8 needs calibration images: real images prepared the way the model expects ((N, C, H, W) tensor, or an
 iterable of such batches or of (images, labels) pairs, e.g. `vitlab.data.build_eval_data(...)`); NNCF's default
 takes 300 of them. OpenVINO's graph comes from the PyTorch model directly (`openvino.convert_model`, which keeps
-`scaled_dot_product_attention` as one op); ONNX Runtime's from `vitlab.export.export_onnx` (torch.onnx, dynamo).
+`scaled_dot_product_attention` as one op); ONNX Runtime's from `write_onnx` (torch.onnx, dynamo).
 
 ONNX Runtime's static int8 format depends on the CPU (`ort_int8_format`): on x86 without VNNI its U8S8 kernels add
 pairs of u8 x s8 products in int16, which 8-bit weights can saturate, so the weights take 7 bits there
 (`reduce_range`, as onnxruntime.quantization's guide for such CPUs says); the choice and its reason are logged
-("vitlab.deploy") and shown by the module.
+(logger "vitlab.deploy") and shown by the module.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import logging
 import platform
 import tempfile
 import warnings
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,13 +40,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._extras import require
-from .optimize import OptimizedModel
-from .precision import cpu_flags
+from ..perf.cpu import cpu_flags
+from ..utils.extras import require
+from .calibration import DEFAULT_CALIB_IMAGES, calibration_batches
+from .optimized import OptimizedModel
 
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # ours -> OpenVINO's INFERENCE_PRECISION_HINT
 ORT_INT8_METHODS = ("static", "dynamic")
-DEFAULT_CALIB_IMAGES = 300  # NNCF's default subset_size
+DEFAULT_OPSET = 18  # the ONNX opset `write_onnx` targets
 # x86 flags of an int8 dot product that accumulates in int32 (VPDPBUSD of AVX512-VNNI or AVX-VNNI; AMX-INT8 tiles)
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 _X86 = ("x86_64", "amd64", "i386", "i686", "x86")
@@ -103,72 +104,6 @@ def _chw(model: nn.Module, example: torch.Tensor) -> tuple[int, int, int]:
     if cfg is not None and chw[0] != cfg.in_chans:
         raise ValueError(f"example has {chw[0]} channel(s) but the model takes in_chans={cfg.in_chans}")
     return chw
-
-
-def calibration_tensor(calib: Any, chw: tuple[int, int, int] | None, limit: int = DEFAULT_CALIB_IMAGES
-                       ) -> torch.Tensor:
-    """`calib` as one fp32 (n, C, H, W) CPU tensor of at most `limit` images, each checked against `chw`.
-
-    The one reader of calibration inputs: the int8 runtimes here (`calibration_batches`), static int8
-    (`vitlab.quant`), `optimize(..., calib=...)` and mode "auto" all take what it takes. (Image files, folders and
-    data set specs become such a tensor first: `vitlab.export.export_images`.)
-
-    Args:
-        calib: A (N, C, H, W) or (C, H, W) tensor or array, or an iterable of such batches or of (images, labels,
-            ...) tuples (a DataLoader, `vitlab.data.build_eval_data(...)`).
-        chw: The (C, H, W) the model takes (`input_chw`); None: every batch must match the first.
-        limit: Images to keep.
-
-    Raises:
-        ValueError: No calibration data, no images in it, or images of another shape, channel count or kind (the
-            message says which).
-    """
-    if calib is None:
-        raise ValueError("int8 needs calibration images (calib=...): real images prepared as for the model, e.g. "
-                         "32-300 of the training set")
-    batches: Iterable[Any] = [calib] if isinstance(calib, torch.Tensor | np.ndarray) else calib
-    out: list[torch.Tensor] = []
-    n = 0
-    for b in batches:
-        x = torch.as_tensor(b[0] if isinstance(b, tuple | list) else b)
-        if x.dim() == 3:
-            x = x[None]  # one image
-        if chw is None and x.dim() == 4:
-            chw = (int(x.shape[1]), int(x.shape[2]), int(x.shape[3]))
-        if x.dim() != 4:
-            raise ValueError(f"calibration images have shape {tuple(x.shape)}; the model takes (N, C, H, W) images "
-                             f"with (C, H, W) = {chw}")
-        if tuple(x.shape[1:]) != chw:
-            assert chw is not None
-            channels = f"{x.shape[1]} channel(s), " if x.shape[1] != chw[0] else ""
-            raise ValueError(f"calibration images have {channels}shape {tuple(x.shape[1:])} per image (batch shape "
-                             f"{tuple(x.shape)}), but the model takes (C, H, W) = {chw}")
-        if not x.is_floating_point():
-            raise ValueError(f"calibration images must be float images prepared for the model, got {x.dtype}")
-        out.append(x[: limit - n].detach().to("cpu", torch.float32))
-        n += len(out[-1])
-        if n >= limit:
-            break
-    if n == 0:
-        raise ValueError("the calibration data holds no images")
-    return torch.cat(out)  # (n, C, H, W)
-
-
-def input_chw(model: nn.Module) -> tuple[int, int, int] | None:
-    """The (C, H, W) a vitlab model takes, from its config (None for a model without one)."""
-    cfg = getattr(model, "cfg", None)
-    if cfg is None or not hasattr(cfg, "in_chans") or not hasattr(cfg, "img_size"):
-        return None
-    size = cfg.img_size
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    return int(cfg.in_chans), int(h), int(w)
-
-
-def calibration_batches(calib: Any, chw: tuple[int, int, int], limit: int = DEFAULT_CALIB_IMAGES
-                        ) -> list[np.ndarray]:
-    """`calibration_tensor(calib, chw, limit)` as the list of fp32 (1, C, H, W) arrays that NNCF's and ONNX
-    Runtime's calibration readers take, one image each."""
-    return [a[None] for a in calibration_tensor(calib, chw, limit).numpy()]
 
 
 def _first_line(e: BaseException) -> str:
@@ -313,7 +248,7 @@ class OrtInt8Format:
 
 def ort_int8_format(flags: Collection[str] | None = None, machine: str | None = None) -> OrtInt8Format:
     """The int8 format for ONNX Runtime on a CPU with these /proc/cpuinfo `flags` and this `platform.machine()`
-    (default: this CPU's, `vitlab.precision.cpu_flags`).
+    (default: this CPU's, `vitlab.perf.cpu.cpu_flags`).
 
     U8 activations and S8 weights everywhere (onnxruntime.quantization's guide for x86 CPUs; the ARM kernels take
     them too). On x86 without VNNI, ONNX Runtime's U8S8 kernels multiply with VPMADDUBSW, which adds two u8 x s8
@@ -335,24 +270,41 @@ def ort_int8_format(flags: Collection[str] | None = None, machine: str | None = 
                                                   "saturate")
 
 
+def write_onnx(model: nn.Module, path: str | Path, img_hw: tuple[int, int], *, opset: int = DEFAULT_OPSET) -> Path:
+    """`model` (an fp32 vitlab model on the CPU, with `.cfg`) as an ONNX file at `path`: input `images` (B, C, H, W)
+    with B symbolic, output `logits` (B, num_classes), through `torch.onnx.export(..., dynamo=True)` (torch.export +
+    onnxscript). Weights over 2 GB go to an external-data file beside it."""
+    cfg: Any = model.cfg
+    example = torch.randn(2, cfg.in_chans, *img_hw)  # (B, C, H, W); B=2 so it is not specialised
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each stage on stdout
+        program = torch.onnx.export(
+            model.eval(), (example,), input_names=["images"], output_names=["logits"],
+            dynamic_shapes={"x": {0: batch}}, opset_version=opset, dynamo=True, verbose=False,
+        )
+        if program is None:  # only the legacy (dynamo=False) exporter returns nothing
+            raise RuntimeError("torch.onnx.export returned no program")
+        program.save(str(path))
+    return Path(path)
+
+
 def onnx_file(model: nn.Module, example: torch.Tensor, folder: Path, *, int8: bool = False, calib: Any = None,
               method: str = "static", calib_images: int = DEFAULT_CALIB_IMAGES,
               int8_format: OrtInt8Format | None = None) -> Path:
-    """Write `model` as ONNX into `folder` (fp32, `vitlab.export.export_onnx`) and, with `int8`, quantise it with
+    """Write `model` as ONNX into `folder` (fp32, `write_onnx`) and, with `int8`, quantise it with
     onnxruntime.quantization: "static" = QDQ, U8 activations calibrated (min-max) on `calib`, S8 weights per
     output channel; "dynamic" = S8 weights, activations quantised per call; the weights in 7 bits where
     `int8_format` (default: `ort_int8_format()` of this CPU) says so. Returns the path of the file to run."""
-    from .export import export_onnx
-
     if method not in ORT_INT8_METHODS:
         raise ValueError(f"unknown ONNX Runtime int8 method {method!r}; choose from {', '.join(ORT_INT8_METHODS)}")
-    require("onnxruntime", "export", "ONNX Runtime deployment")
+    for module in ("onnx", "onnxscript", "onnxruntime"):
+        require(module, "export", "ONNX Runtime deployment")
     chw = _chw(model, example)
     if getattr(model, "cfg", None) is None:
         raise ValueError("ONNX export takes a vitlab model (with .cfg)")
     data = calibration_batches(calib, chw, calib_images) if int8 and method == "static" else None
-    fp32 = Path(folder) / "model.onnx"
-    export_onnx(model.eval(), fp32, img_size=chw[1:], verify_batches=(), overwrite=True)  # type: ignore[arg-type]
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    fp32 = write_onnx(model, Path(folder) / "model.onnx", chw[1:])
     if not int8:
         return fp32
     return quantize_onnx(fp32, Path(folder) / "model.int8.onnx", data, method, int8_format)
@@ -404,7 +356,7 @@ def ort_session(path: str | Path, threads: int | None = None) -> Any:
 def to_onnxruntime(model: nn.Module, example: torch.Tensor, *, int8: bool = False, calib: Any = None,
                    method: str = "static", threads: int | None = None, calib_images: int = DEFAULT_CALIB_IMAGES,
                    int8_format: OrtInt8Format | None = None) -> OptimizedModel:
-    """`model` exported to ONNX and run by ONNX Runtime's CPU provider, behind vitlab.optimize's contract.
+    """`model` exported to ONNX and run by ONNX Runtime's CPU provider, behind `vitlab.optimize`'s contract.
 
     Args:
         model: An fp32 VisionTransformer on the CPU.

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import resnet
-from .config import ViTConfig, to_hw
+from .config import ViTConfig, list_models, to_hw
 from .hybrid import backbone_channels, backbone_macs
 from .resnet import ResNetConfig
 
@@ -56,7 +56,7 @@ def count_params(cfg: ViTConfig | ResNetConfig) -> int:
 def count_flops(cfg: ViTConfig | ResNetConfig, img_size: int | tuple[int, int] | None = None,
                 backward: bool = False) -> int:
     """FLOPs of one forward pass for one image (x3 with `backward`: forward + backward); a BiT ResNet's config
-    counts its convolutions and head (`vitlab.resnet.count_flops`)."""
+    counts its convolutions and head (`vitlab.models.resnet.count_flops`)."""
     if isinstance(cfg, ResNetConfig):
         return resnet.count_flops(cfg, img_size, backward)
     h, w = cfg.img_hw if img_size is None else to_hw(img_size)
@@ -95,8 +95,6 @@ class TableRow:
 
 def table1(num_classes: int = 1000) -> list[TableRow]:
     """The paper's Table 1 for every built-in variant, with exact counts and compute at 224 and 384 px."""
-    from .config import list_models
-
     rows = []
     for name in list_models():
         cfg = ViTConfig.from_name(name, num_classes=num_classes)

@@ -2,7 +2,7 @@
 transfer learning with large ResNets"; Kolesnikov et al., 2020).
 
 A ResNet-v2 (pre-activation: He et al., 2016, "Identity Mappings") with GroupNorm and weight-standardised
-convolutions in place of BatchNorm, built from the same blocks as the hybrid's stem (`vitlab.hybrid`):
+convolutions in place of BatchNorm, built from the same blocks as the hybrid's stem (`vitlab.models.hybrid`):
 
     stem:    StdConv 7x7 / 2 -> zero-pad 1 -> max-pool 3x3 / 2                        (stride 4, no norm: v2)
     stage i: bottleneck units, width w * 2**i inside, 4 w * 2**i out; each unit is
@@ -21,8 +21,8 @@ convolution `head.fc` (K, C, 1, 1); the readers (`vitlab.weights.bit`) map one o
 classifier keeps the zoo's fine-tuning path (zero head, `reset_classifier`, `load_weights`' head replacement) the
 same for ViTs and ResNets.
 
-The config lives here with the model rather than in `vitlab.config`: it shares no field semantics with ViTConfig
-beyond the input and the classes, and `vitlab.config` stays free of torch for the CLI.
+The config lives here with the model rather than in `vitlab.models.config`: it shares no field semantics with ViTConfig
+beyond the input and the classes, and `vitlab.models.config` stays free of torch for the CLI.
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig, check_keys, check_number, to_hw
-from .hub_mixin import HubMixin
 from .hybrid import GROUPS, GroupNormAct, StdConv2d, init_backbone, set_eps
 from .layers import check_images, zero_head
 
 ARCH = "resnetv2"  # the "arch" key of a serialised ResNetConfig (ViTConfig has none)
-EPS_CHOICES = ("timm", "bit")  # vitlab.hybrid.EPS keys the ResNet takes
+EPS_CHOICES = ("timm", "bit")  # vitlab.models.hybrid.EPS keys the ResNet takes
 
 
 @dataclass
@@ -59,7 +58,7 @@ class ResNetConfig:
         width: Stem width: 64 times BiT's width factor (x1: 64, x3: 192). Stage i is `width * 2**i` wide inside
             its bottlenecks and 4x that at its output. Small values (16) make Fashion-MNIST-sized models.
         groups: GroupNorm groups (BiT: 32); a layer with fewer channels uses one group per channel.
-        eps: Whose epsilons the weight standardisation and GroupNorm use (`vitlab.hybrid.EPS`): "timm" (timm's
+        eps: Whose epsilons the weight standardisation and GroupNorm use (`vitlab.models.hybrid.EPS`): "timm" (timm's
             resnetv2_*_bit: sqrt(var + 1e-8)) or "bit" (Google's BiT PyTorch code: sqrt(var + 1e-10)); the `.npz`
             reader sets "bit".
         name: The variant this config came from, if any (informational).
@@ -272,7 +271,7 @@ class ResNetStage(nn.Module):
         return self.blocks(x)
 
 
-class ResNetV2(nn.Module, HubMixin):
+class ResNetV2(nn.Module):
     """BiT ResNet-v2 for image classification. Build with `vitlab.create_model("BiT-R50x1", **overrides)`.
 
     The surface matches the ViT's where the few-shot probe, training and evaluation use it:
@@ -280,10 +279,10 @@ class ResNetV2(nn.Module, HubMixin):
         v = model.forward_head(f, pre_logits=True)   # (B, C): globally average-pooled features
         logits = model.forward_head(f)               # (B, num_classes)
         v = model.embed_features(images)             # the same pooled features in one call
-        model.save_pretrained("my-bit")              # a folder that vitlab.load_model("my-bit") loads back (HubMixin)
+        vitlab.weights.save_pretrained(model, "my-bit")  # a folder that vitlab.load_model("my-bit") loads back
     """
 
-    preprocess: Any  # vitlab.preprocess.Preprocess the weights expect; None = unknown
+    preprocess: Any  # vitlab.models.preprocess.Preprocess the weights expect; None = unknown
     head: nn.Linear | nn.Identity
 
     def __init__(self, cfg: ResNetConfig):

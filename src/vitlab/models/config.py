@@ -16,7 +16,7 @@ from typing import Any
 POOLS = ("token", "gap")
 POS_EMBEDS = ("learned", "sincos2d", "none")
 RESIZE_MODES = ("jax", "bilinear", "bicubic")
-HYBRID_EPS = ("timm", "vit_jax")  # whose weight-standardisation and GroupNorm epsilons (vitlab.hybrid.EPS)
+HYBRID_EPS = ("timm", "vit_jax")  # whose weight-standardisation and GroupNorm epsilons (vitlab.models.hybrid.EPS)
 
 
 def check_keys(d: Any, valid: Any, what: str, noun: str = "key") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`vitlab.optimize(model, "auto", calib=images)`: the fastest speed mode that keeps the fp32 model's answers.
 
-1. **Prune by CPU features, before building anything** (`plan_candidates`, from `vitlab.precision.cpu_flags`):
+1. **Prune by CPU features, before building anything** (`plan_candidates`, from `vitlab.perf.cpu.cpu_flags`):
    no bf16 modes without native bf16 (amx_bf16 / avx512_bf16: emulated bf16 measured 9-10x slower than fp32 on an
    AVX2-only EPYC); without int8 dot products (amx_int8 / avx512_vnni / avx_vnni) none of the runtimes' calibrated
    int8 (OpenVINO int8 ran at 0.51x timm fp32 on that EPYC) but ours (dynamic int8 and int8-static, 1.55x and 1.66x
@@ -19,7 +19,7 @@
    the best eligible one so far are checked (a slower one cannot win). Candidates are timed one after another, not
    interleaved: on a busy machine two modes within ~10% of each other can come out in either order.
 
-The timings are stored by vitlab.autotune under the kind "optimize-mode", keyed by machine and model shape
+The timings are stored by vitlab.perf.autotune under the kind "optimize-mode", keyed by machine and model shape
 (`shape_key`), so the next call on this machine for a model of the same shape builds only the winner. Agreement
 depends on the weights, not only the shape, so the cached winner is checked again on this model's images; when it
 falls short, the next fastest stored candidate is tried, down to fp32 (always eligible).
@@ -38,10 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import autotune, precision
-from ._extras import MissingExtraError
-from .optimize import MODES, OptimizedModel, example_batch, optimize
-from .quant import DEFAULT_CALIB_IMAGES, calibration_tensor, input_chw
+from ..perf import autotune, cpu, precision
+from ..utils.extras import MissingExtraError
+from .calibration import calibration_tensor, input_chw
+from .modes import MODES, build_mode, example_batch
+from .optimized import OptimizedModel
+from .quant import DEFAULT_CALIB_IMAGES
 
 __all__ = ["KIND", "MIN_AGREEMENT", "AutoReport", "agreement", "auto_candidates", "plan_candidates", "select_mode",
            "shape_key"]
@@ -78,7 +80,7 @@ class AutoReport:
     """What a first (or cached) `optimize(model, "auto")` did, as `fast.auto_report`.
 
     Attributes:
-        host_class: `vitlab.precision.host_class()` of this CPU ("AVX2", "AVX-512", "AVX-512+VNNI", "AMX", "other").
+        host_class: `vitlab.perf.cpu.host_class()` of this CPU ("AVX2", "AVX-512", "AVX-512+VNNI", "AMX", "other").
         chosen: The mode returned.
         candidates: The modes considered after pruning, in the order tried.
         skipped: Mode -> why it was not built (CPU features, missing package, time budget, accuracy).
@@ -111,7 +113,7 @@ def plan_candidates(device: torch.device | str = "cpu", flags: Collection[str] |
 
     Args:
         device: Where the model runs; on a GPU the eager and compile modes in fp32 / bf16 / fp16.
-        flags: The CPU's flags (default: this CPU's, `vitlab.precision.cpu_flags()`); when none are known (not
+        flags: The CPU's flags (default: this CPU's, `vitlab.perf.cpu.cpu_flags()`); when none are known (not
             Linux x86) nothing is pruned by CPU features.
 
     Returns:
@@ -119,18 +121,18 @@ def plan_candidates(device: torch.device | str = "cpu", flags: Collection[str] |
     """
     if torch.device(device).type != "cpu":
         return ["fp32", "bf16", "fp16", "compile", "compile-bf16"], {}
-    flags = precision.cpu_flags() if flags is None else flags
-    cls = precision.host_class(flags)
-    bf16, int8 = precision.native_bf16(flags), precision.native_int8(flags)
+    flags = cpu.cpu_flags() if flags is None else flags
+    cls = cpu.host_class(flags)
+    bf16, int8 = cpu.native_bf16(flags), cpu.native_int8(flags)
     skipped = {"fp16": "no fast fp16 on CPUs (without AVX512-FP16 it is emulated, many times slower)"}
     out = []
     for mode in _BUILD_COST:
         why: str | None
         if mode in _BF16 and bf16 is False:
-            why = (f"no native bf16 on this {cls} CPU (no {' / '.join(precision.BF16_FLAGS)}): bf16 is emulated, "
+            why = (f"no native bf16 on this {cls} CPU (no {' / '.join(cpu.BF16_FLAGS)}): bf16 is emulated, "
                    "9-10x slower than fp32 on an AVX2-only EPYC")
         elif mode in _RUNTIME_INT8 and int8 is False:
-            why = (f"no int8 dot products on this {cls} CPU (no {' / '.join(precision.INT8_FLAGS)}): u8 x s8 pairs "
+            why = (f"no int8 dot products on this {cls} CPU (no {' / '.join(cpu.INT8_FLAGS)}): u8 x s8 pairs "
                    "add up in int16 (VPMADDUBSW); on an AVX2-only EPYC OpenVINO int8 ran at 0.51x timm fp32 and "
                    "ONNX Runtime's int8 needs 7-bit weights there (its dynamic int8, ort-int8-dynamic, is tried)")
         elif mode == "compile":
@@ -205,7 +207,7 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
     start = _now()
     ref = next(model.parameters(), None)
     device = ref.device if ref is not None else torch.device("cpu")
-    report = AutoReport(precision.host_class() if device.type == "cpu" else device.type)
+    report = AutoReport(cpu.host_class() if device.type == "cpu" else device.type)
     if candidates is not None:
         cands = list(candidates)
     else:
@@ -244,7 +246,7 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
 
     def build(mode: str) -> OptimizedModel | None:
         try:
-            return optimize(model, mode, dynamic=dynamic, calib=calib_all, example=x)
+            return build_mode(model, mode, dynamic=dynamic, calib=calib_all, example=x)
         except (MissingExtraError, RuntimeError, NotImplementedError, ValueError) as e:  # logged, not hidden
             report.skipped[mode] = f"cannot run here: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
             log.info("auto: %s %s", mode, report.skipped[mode])
@@ -316,10 +318,10 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
 
 @torch.no_grad()
 def _time(fast: nn.Module, x: torch.Tensor, device: torch.device, best: float, lazy: bool = False) -> float:
-    """Seconds of `fast(x)` (`vitlab.precision.time_rounds`, the one timer): the fastest of up to `_ROUNDS` calls (two
-    when a call is slow; the least disturbed by other work, as `vitlab.precision.time_interleaved` keeps) after one
-    warm-up call (two when `lazy`: the first compiles), or the warm-up's time alone when it was already `_HOPELESS`
-    times slower than `best`."""
+    """Seconds of `fast(x)` (`vitlab.perf.precision.time_rounds`, the one timer): the fastest of up to `_ROUNDS`
+    calls (two when a call is slow; the least disturbed by other work, as `vitlab.perf.precision.time_interleaved`
+    keeps) after one warm-up call (two when `lazy`: the first compiles), or the warm-up's time alone when it was
+    already `_HOPELESS` times slower than `best`."""
 
     def timed(warmup: int, rounds: int) -> list[float]:  # the one timer, on the budget's clock
         return precision.time_rounds(lambda _: fast(x), ("mode",), device=device, warmup=warmup, rounds=rounds,

@@ -1,6 +1,6 @@
 """The shipped training recipes (the YAML files of the repository's `configs/`), as package data.
 
-An installed wheel carries them, so `vitlab demo` and `vitlab.recipes.path("fmnist_pretrain")` work without a
+An installed wheel carries them, so `vitlab demo` and `vitlab.train.recipes.path("fmnist_pretrain")` work without a
 checkout. In a checkout, `configs/` is a link to `src/vitlab/configs/`: the place to copy a recipe from.
 
     from vitlab import recipes
@@ -21,7 +21,8 @@ def directory() -> Path:
     """The folder holding the shipped recipes (inside the installed package)."""
     folder = resources.files("vitlab").joinpath("configs")
     if not isinstance(folder, Path):  # a zipped install: importlib.resources gives no file-system path
-        raise RuntimeError(f"vitlab's recipes are not on the file system ({folder!r}); use vitlab.recipes.read(name)")
+        raise RuntimeError(f"vitlab's recipes are not on the file system ({folder!r}); use "
+                           "vitlab.train.recipes.read(name)")
     return folder
 
 

@@ -1,0 +1,7 @@
+"""What makes this machine fast, measured rather than assumed; torch is imported only when a function runs.
+
+    cpu         this CPU's flags and host class (AVX2 / AVX-512 / AVX-512+VNNI / AMX), the one /proc/cpuinfo reader
+    autotune    measured choices cached per machine ($VITLAB_CACHE/autotune.json)
+    precision   `precision: auto` (fp32 or bf16, measured), autocast, and vitlab's one timer (`time_rounds`)
+    allocator   glibc malloc tuning that keeps freed training memory (`keep_freed_memory`)
+"""

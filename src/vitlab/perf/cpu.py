@@ -1,0 +1,91 @@
+"""This CPU: its /proc/cpuinfo flags and model, and the class of x86 host they make it (AVX2 / AVX-512 /
+AVX-512+VNNI / AMX), which decides which precisions and int8 kernels can be fast.
+
+`cpu_flags()` is the one reader of /proc/cpuinfo; `vitlab.perf.precision`, `vitlab.perf.autotune`,
+`vitlab.deploy` and `vitlab.bench` all ask it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from collections.abc import Collection
+
+
+@functools.cache
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """This CPU's feature flags as Linux lists them in /proc/cpuinfo ("avx2", "avx512_vnni", "amx_bf16", ...);
+    empty where there is no such file or no x86 "flags" line in it (another OS; ARM lists "Features")."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.cache
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This CPU's model name (Linux: "model name" in /proc/cpuinfo; else the platform's processor name)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
+    return "amx_bf16" in cpu_flags(cpuinfo)
+
+
+# -- host classes: what decides which precisions and int8 kernels can be fast on an x86 CPU ------------------------
+
+HOST_CLASSES = ("AVX2", "AVX-512", "AVX-512+VNNI", "AMX", "other")
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # native bf16 dot products (AMX tiles, VDPBF16PS)
+INT8_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni")  # int8 dot products accumulated in int32 (AMX tiles, VPDPBUSD)
+
+
+EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "FBGEMM_ENABLE_INSTRUCTIONS", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def kernel_emulation() -> dict[str, str]:
+    """The variables set in the environment that make torch/Inductor, oneDNN, FBGEMM or MKL run a lesser CPU's
+    kernels (e.g. `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ...` on an AVX-512 host): timings taken so are
+    not this host's, and `host_class()` still names the real CPU."""
+    return {k: os.environ[k] for k in EMULATION_VARS if os.environ.get(k)}
+
+
+def host_class(flags: Collection[str] | None = None) -> str:
+    """The class of x86 CPU that `flags` (default: this CPU's, `cpu_flags()`) describe, for speed decisions and
+    for labelling measurements: "AMX" (amx_bf16 / amx_int8 tiles), "AVX-512+VNNI", "AVX-512", "AVX2", or "other"
+    (no x86 flags known: another architecture or OS). An AVX2 CPU with AVX-VNNI (Alder Lake and later) is class
+    "AVX2"; `native_int8` tells its int8 apart."""
+    flags = cpu_flags() if flags is None else flags
+    if "amx_bf16" in flags or "amx_int8" in flags:
+        return "AMX"
+    if "avx512f" in flags:
+        return "AVX-512+VNNI" if "avx512_vnni" in flags else "AVX-512"
+    return "AVX2" if "avx2" in flags else "other"
+
+
+def native_bf16(flags: Collection[str] | None = None) -> bool | None:
+    """Whether the CPU computes bf16 dot products natively (amx_bf16 or avx512_bf16); None when its flags are
+    unknown (not Linux x86). Without them torch and oneDNN convert bf16 to fp32 around every multiply."""
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in BF16_FLAGS) if flags else None
+
+
+def native_int8(flags: Collection[str] | None = None) -> bool | None:
+    """Whether the CPU accumulates int8 products in int32 natively (amx_int8, avx512_vnni or avx_vnni); None when
+    its flags are unknown. Without them x86 int8 GEMMs use VPMADDUBSW (u8 x s8 pairs summed in int16)."""
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in INT8_FLAGS) if flags else None
