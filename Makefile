@@ -32,6 +32,7 @@ browser:
 test: $(STAMP) dataset browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 # The tests that cover the dependencies, at their floors (requirements-floor.txt) in a venv of their own that
