@@ -15,9 +15,9 @@ these plain loops is the baseline of the ratio. Optionally (`--compiled-baseline
 torch.compile, a stronger reference than the target asks for, gets its own ratio line.
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
-src/vitlab/perf/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed every
-other round (A, B, C, C, B, A, ...), so that a machine shared with other jobs slows all alike, also while its load
-rises or falls; only one side computes at a time. The table reports the
+src/vitlab/perf/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed
+every other round (A, B, C, C, B, A, ...), so that a machine shared with other jobs slows all alike, also while its
+load rises or falls; only one side computes at a time. The table reports the
 median images/s of each side and the load average (1 min) before each round.
 
     .venv/bin/python benchmarks/train_throughput.py --rounds 5 --steps 10 -o benchmarks/results/train_throughput.md

@@ -61,7 +61,6 @@ def build_torchvision(model: VisionTransformer) -> nn.Module:
     """torchvision's VisionTransformer (square images, class token, learned position embeddings only)."""
     from torchvision.models.vision_transformer import VisionTransformer as TvViT
 
-
     c = model.cfg
     h, w = c.img_hw
     if h != w or c.pool != "token" or c.pos_embed != "learned" or c.layer_norm_eps != 1e-6 or not c.qkv_bias:

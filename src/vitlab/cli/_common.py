@@ -9,6 +9,7 @@ command modules' `add_arguments`, which import only light ones.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import errno
 import logging
@@ -303,8 +304,6 @@ def ignore_interrupts_at_exit() -> None:
     """Register (call it first thing: atexit runs the last registered first) an exit hook that ignores SIGINT for
     the rest of the interpreter's shutdown. Python resets its handlers to the default late in the shutdown, and a
     Ctrl-C then kills the process by the signal (-2 to a parent process, not 130); an ignored signal stays so."""
-    import atexit
-
     if threading.current_thread() is threading.main_thread():
         atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
 

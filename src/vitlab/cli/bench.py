@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 from ._common import UsageError, add_device, add_img_size, add_output, check_output, positive
@@ -60,8 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import warnings
-
     import torch
 
     from ..bench import BenchConfig, format_table, run_bench, write_outputs

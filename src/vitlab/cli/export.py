@@ -73,7 +73,6 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.min_agreement <= 1:
         raise UsageError(f"--min-agreement must be within 0..1, got {args.min_agreement}")
 
-
     if to == "openvino":  # a missing extra: said before loading anything
         require("openvino", "openvino", "--to openvino")
         if args.int8:

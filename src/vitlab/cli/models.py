@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 
 HELP = "the paper's Table 1 for every built-in variant, and the BiT ResNet baselines"
 DESCRIPTION = """\
@@ -21,9 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-    import json
-
     from ..models.flops import format_table1, table1
 
     rows = table1(args.num_classes)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from ._common import UsageError, add_output, add_progress, check_output, positive, want_progress
 
@@ -47,8 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     positive("--threads", args.threads)
     if args.budget is not None and not args.budget > 0:
         raise UsageError(f"--budget must be a positive number of minutes, got {args.budget}")
@@ -61,8 +61,6 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     page = reproduce(args.experiment, out, quick=args.quick, budget_min=args.budget, progress=want_progress(args))
-    import json
-
     result = json.loads((page.parent / "result.json").read_text(encoding="utf-8"))
     for c in result["claims"]:
         print(f"[{c['verdict']:>6}] {c['measured']}")

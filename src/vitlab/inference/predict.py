@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..data import load_images, preprocess_of
 from ..data.labels import class_names
 from ..deploy.optimize import MODES, optimize
@@ -57,9 +59,6 @@ def predict(
         FileNotFoundError: The checkpoint or an image does not exist.
         vitlab.weights.WeightsError: The checkpoint cannot be read.
     """
-    import torch
-
-
     if top_k < 1:
         raise ValueError(f"top_k (--top-k) must be >= 1, got {top_k}")
     if mode not in MODES:

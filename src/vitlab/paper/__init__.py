@@ -16,6 +16,7 @@ ones. The report (result.json, PNGs, report.html) goes to OUT/EXPERIMENT/report/
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +33,6 @@ __all__ = ["EXPERIMENTS", "experiment_module", "reproduce"]
 
 def experiment_module(name: str) -> ModuleType:
     """The module of an experiment (`run`, `claims`, `tables_and_figures`, `TITLE`)."""
-    import importlib
-
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}")
     return importlib.import_module(f"{__name__}.{name.replace('-', '_')}")

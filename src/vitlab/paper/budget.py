@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ..weights import create_model
 
 MIN_STEPS = 2  # no job is scaled below this many steps
@@ -45,9 +47,6 @@ class Job:
 
 def step_seconds(model: dict[str, Any], batch_size: int, num_classes: int = 10) -> float:
     """Seconds per AdamW step (forward, backward, update) of `model` on random inputs, fp32, this process."""
-    import torch
-
-
     over = dict(model)
     name = over.pop("name")
     net = create_model(name, num_classes=num_classes, **over)

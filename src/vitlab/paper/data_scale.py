@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .budget import Job, budget_factor
 from .figures import lines_plot
 from .plan import load_or_make_plan
@@ -147,8 +149,6 @@ def leads(result: dict[str, Any], metric: str, other: str = "vit") -> dict[int, 
 
 def crossover(lead: dict[int, float]) -> float | None:
     """Where a least-squares line of the lead against log10(size) reaches zero (images), None if it does not fall."""
-    import numpy as np
-
     if len(lead) < 2:
         return None
     x, y = np.log10(list(lead)), np.array(list(lead.values()))

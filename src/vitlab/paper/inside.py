@@ -15,11 +15,13 @@ against the training-set size.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..analysis.filters import filter_pca
 from ..analysis.findings import _spearman, analyze
@@ -62,8 +64,6 @@ class Settings:
 def _candidates(out: Path) -> list[dict[str, Any]]:
     """Finished 28 px ViT runs of the other experiments: {"name", "run_dir", "top1", "kind", "size", "steps",
     "images_seen", "classes"}; "size" is the training-set size of the data-scale runs."""
-    import json
-
 
     def report(run_dir: Path) -> dict[str, Any]:
         return json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
@@ -125,9 +125,6 @@ def rollout_on_object(display: np.ndarray, rollout: np.ndarray, threshold: float
 
 
 def _analyze(run_dir: Path, quick: bool, n: int, layer_maps: tuple[int, ...] = (), classes: list[int] | None = None):
-    import torch
-
-
     model = load_model(run_dir / "model.safetensors")
     result = analyze(model, _images(model, quick, n, classes), batch_size=n, layer_maps=layer_maps,
                      source=str(run_dir))

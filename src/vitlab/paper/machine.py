@@ -7,6 +7,8 @@ import os
 import platform
 from typing import Any
 
+import torch
+
 FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 
@@ -30,8 +32,6 @@ def _cpuinfo() -> tuple[str, set[str]]:
 
 def machine_summary() -> dict[str, Any]:
     """{"cpu", "flags": {flag: bool}, "cores", "torch_threads", "load_avg", "torch", "summary"}."""
-    import torch
-
     model, flags = _cpuinfo()
     have = {f: f in flags for f in FLAGS}
     try:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..analysis.fewshot import extract_features, fewshot_evaluate, fit_ridge
 from ..data import DataConfig, build_eval_data
 from ..weights import load_model
@@ -135,9 +137,6 @@ def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings
 def _probe(model_path: str, task: str, s: Settings) -> dict[str, Any]:
     """The few-shot linear probe of the frozen upstream model on `task`: each shot count over `probe_seeds` draws,
     and "all" (the ridge fitted on every training image)."""
-    import numpy as np
-
-
     model = load_model(model_path)
     cfg = DataConfig.from_dict(task_data(task, s.quick, None))
     size, chans = model.cfg.img_size, model.cfg.in_chans

@@ -3,6 +3,7 @@ configuration, which takes the checkpoint's preprocessing where the recipe leave
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import nn
@@ -31,9 +32,6 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
         raise ValueError(f"model.in_chans={over['in_chans']} but the data gives {in_chans} channels")
     model = create_model(recipe.model.name, **over)
     if recipe.init.checkpoint:
-        import warnings
-
-
         name = recipe.init.checkpoint  # a path, registry name, hf-hub:owner/repo, gs:// or https URL
         with warnings.catch_warnings(record=True) as caught:  # noted in the report instead (pre-logits dropped)
             warnings.simplefilter("always", WeightsWarning)

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from ..utils.io import write_atomic
 
@@ -106,8 +108,6 @@ class LoadedCheckpoint:
 
 def _weights_header(path: Path) -> dict[str, torch.Tensor]:
     """Open the weights file's header only: a truncated or foreign file fails here, without reading the tensors."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         f.keys()
     return {}
@@ -115,8 +115,6 @@ def _weights_header(path: Path) -> dict[str, torch.Tensor]:
 
 def _load_weights(path: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
     """The weights of a checkpoint; ValueError naming the file when it is damaged or holds non-finite values."""
-    from safetensors.torch import load_file
-
     try:
         weights = load_file(str(path), device=str(device))
     except Exception as e:  # safetensors raises its own SafetensorError (not an OSError) for a damaged file

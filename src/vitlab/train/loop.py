@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,6 @@ class StopFlag:
         self.reason = signal.Signals(signum).name
 
     def __enter__(self) -> StopFlag:
-        import threading
-
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 self._old[s] = signal.signal(s, self._handler)

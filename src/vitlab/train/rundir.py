@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from ..utils.io import write_atomic
 from . import checkpoint as ckpt
@@ -297,8 +298,6 @@ def check_same_recipe(run_dir: Path, recipe: Recipe) -> None:
     saved_path = run_dir / "recipe.yaml"
     if not saved_path.is_file():
         return
-    import yaml
-
     saved = _flatten(Recipe.from_dict(yaml.safe_load(saved_path.read_text()), check_data=False).to_dict())
     now = _flatten(recipe.to_dict())
     diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)

@@ -21,6 +21,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -384,8 +385,6 @@ def copytree_atomic(src: str | os.PathLike[str], dest: str | os.PathLike[str]) -
     """Copy the folder `src` to `dest` (which must not exist) as one step: into a hidden temporary folder beside
     `dest`, renamed onto it when complete. A failed copy (a full disk: OutputError) leaves no `dest` and no
     temporary folder."""
-    import shutil
-
     dest = Path(dest)
     if os.path.lexists(dest):
         raise FileExistsError(f"{dest} already exists")

@@ -8,6 +8,7 @@ A pickle can call any Python function while it is read. We only read formats tha
 from __future__ import annotations
 
 import pickle
+import pickletools
 import re
 import struct
 import zipfile
@@ -208,8 +209,6 @@ _PLAIN_GLOBALS = re.compile(r"(torch(\.|$).*|collections\.OrderedDict|_codecs\.e
 def _foreign_global(path: Path) -> str | None:
     """"GLOBAL module.name" for the first global a pickle stream imports that a state dict does not need (a
     function to call, a class to build), read with pickletools without executing anything; None if none."""
-    import pickletools
-
     strings: list[str] = []
     with open(path, "rb") as f:
         try:
