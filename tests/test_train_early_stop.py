@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import vitlab.train.run as run_mod
+import vitlab.train.evaluators as evaluators_mod
 from vitlab.data import DataConfig, build_eval_data
 from vitlab.inference.evaluate import EvalResult, evaluate
 from vitlab.train import Recipe, train
@@ -34,8 +34,8 @@ def _recipe(**train_kw) -> Recipe:
 
 @pytest.fixture
 def scripted_val(monkeypatch):
-    """`evaluate` in the run module: the real one for the test split, the scripted top-1 for the val split."""
-    real = run_mod.evaluate
+    """`evaluate` in the evaluators module: the real one for the test split, the scripted top-1 for the val split."""
+    real = evaluators_mod.evaluate
     calls: list[int] = []
 
     def fake(model, data, num_classes, **kw):
@@ -45,7 +45,7 @@ def scripted_val(monkeypatch):
         calls.append(1)
         return EvalResult(top1=top1, top5=1.0, loss=1.0 - top1, num_samples=data.num_samples)
 
-    monkeypatch.setattr(run_mod, "evaluate", fake)
+    monkeypatch.setattr(evaluators_mod, "evaluate", fake)
     return calls
 
 

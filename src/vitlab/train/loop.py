@@ -1,6 +1,6 @@
 """The training loop: `train(recipe, run_dir)` builds a `Run` and drives it in `_loop`, which reads top to bottom
-in one screen: step, log, evaluate, stop early (best val weights kept), run the evaluators, checkpoint, stop on a
-signal.
+in one screen: step, log, run the evaluations due (`Run.evaluators`: on eval_split, early stopping's on val with the
+best weights kept, the recipe's evaluators), stop early, checkpoint, stop on a signal.
 
 It never loses work: checkpoints are atomic, SIGTERM and Ctrl-C finish the current step and save, a non-finite
 step is skipped (never applied) and many in a row stop the run with the last good checkpoint kept, and
@@ -71,13 +71,9 @@ def _loop(run: Run, stop: StopFlag) -> str:
         done = state.step == run.total_steps
         if state.step % tr.log_every == 0 or done:
             run.log_train(result)
-        if tr.eval_every and state.step % tr.eval_every == 0 and not done:
-            run.evaluate()
-        if tr.early_stop_every and (state.step % tr.early_stop_every == 0 or done) and run.select() and not done:
+        if run.run_evaluators() and not done:  # early stopping's val evaluation says stop
             return (f"completed (early stop at step {state.step}: no better val top-1 in {tr.early_stop_patience} "
                     f"evaluations; the weights of step {state.best_step})")
-        if not done:
-            run.run_evaluators()
         stopping = not all_true(stop.reason is None, run.info)
         if (tr.checkpoint_every and state.step % tr.checkpoint_every == 0 and not done) or stopping:
             run.save()  # a skipped step changed no weight, so the state is still a good one
@@ -158,8 +154,8 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
             status = _loop(run, stop)
             if run.state.step == run.total_steps or status.startswith("completed"):
                 run.restore_best()  # early stopping: the run ends with its best val weights
-                final_eval = run.evaluate()
-                run.run_evaluators(final=True)
+                run.run_evaluators(final=True)  # on eval_split (the run's result), then the recipe's evaluators
+                final_eval = run.eval_result
                 run.save()
         return run.finish(status, final_eval)
     finally:

@@ -22,7 +22,7 @@ from torch import nn
 
 from ..data import build_eval_data, build_train_stream
 from ..data.workers import skipped_summary
-from ..inference.evaluate import EvalResult, Result, evaluate
+from ..inference.evaluate import EvalResult, Result
 from ..models.config import to_hw
 from ..models.resnet import ResNetV2
 from ..models.vit import VisionTransformer
@@ -42,7 +42,7 @@ from .distributed import (
     optimizer_state_dict,
     wrap_model,
 )
-from .evaluators import build_evaluators
+from .evaluators import ClassificationRunner, Evaluation, build_evaluator, build_evaluator_data
 from .meter import Meter
 from .mixup import BatchMix
 from .optim import build_optimizer
@@ -140,11 +140,12 @@ class TrainResult(Result):
 
 
 class Run:
-    """One training run: its data, model, optimizer, outputs and counters, and what can be done with them.
+    """One training run: its data, model, optimizer, evaluations, outputs and counters, and what can be done with them.
 
-    Building it builds the data and the model (from the latest checkpoint with `resume`) and opens the outputs
-    (main process); `step`, `evaluate`, `run_evaluators` and `save` are what the loop calls; `close` closes the
-    outputs and `finish` writes the final model and the report.
+    Building it builds its parts in the order they depend on each other, each once: the data, the model (from the
+    latest checkpoint with `resume`), the precision (measured on that model for "auto"), the optimizer and EMA,
+    the evaluations (in that precision) and the outputs (main process). `step`, `log_train`, `run_evaluators` and
+    `save` are what the loop calls; `close` closes the outputs and `finish` writes the final model and the report.
     """
 
     def __init__(self, recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool = False, progress: bool = False,
@@ -155,21 +156,25 @@ class Run:
         self.on_step, self.on_loss = on_step, on_loss
         self.ckpt_dir = run_dir / "checkpoints"
         seed_everything(self.tr.seed)
-        self.precision = resolve_precision(self.tr.precision, info.device)  # "auto": measured in _build_model
         self.vit_cfg = recipe.model.vit_config(num_classes=0)
         self.data_cfg: Any = None
         self._build_data(stream, eval_data)
-        self._build_model(resume)
+        saved = self._build_model(resume)
+        self.precision = self._decide_precision()
+        self._build_training(saved)
+        self._build_evaluations()
         try:
             self._open_outputs(resume, progress)
         except BaseException:  # e.g. a full disk: close what did open (the error is the one to report)
             self.__exit__(*sys.exc_info())
             raise
 
-    # building
+    # building, in this order
 
     def _build_data(self, stream: Any, eval_data: Any) -> None:
-        """Each optimizer step pulls accum_steps micro-batches; the ranks' micro-batches make the global batch."""
+        """The training stream (every rank) and, on the main process, the evaluation data: `eval_split`, early
+        stopping's val split and what each of `train.evaluators` reads. Each optimizer step pulls accum_steps
+        micro-batches; the ranks' micro-batches make the global batch."""
         tr, info, cfg = self.tr, self.info, self.vit_cfg
         micro = tr.batch_size // tr.accum_steps
         if stream is None:
@@ -181,8 +186,8 @@ class Run:
         self.num_classes = stream.num_classes
         self.classes = list(getattr(stream, "classes", None) or [str(i) for i in range(self.num_classes)])
         self.eval_data = eval_data
-        self.evaluators: dict[str, Any] = {}  # name -> runner (main process only)
         self.val_data: Any = None  # early stopping's split (main process only)
+        self.evaluator_data: list[Any] = []  # per `train.evaluators` entry (main process only)
         if info.is_main:
             kw: dict[str, Any] = dict(img_size=cfg.img_size, in_chans=cfg.in_chans,
                                       batch_size=tr.eval_batch_size or micro)
@@ -192,14 +197,14 @@ class Run:
                 self.eval_data = build_eval_data(self.data_cfg, tr.eval_split, **kw)
             if tr.early_stop_every:
                 self.val_data = build_eval_data(self.data_cfg, "val", **kw)
-            for r in build_evaluators(tr.evaluators, self.data_cfg, device=info.device, precision=self.precision, **kw):
-                self.evaluators[r.name] = r
+            self.evaluator_data = [build_evaluator_data(spec, self.data_cfg, **kw) for spec in tr.evaluators]
         self.total_steps = tr.steps or max(1, math.ceil(tr.epochs * stream.epoch_size / tr.batch_size))
         self.stream_resizes = hasattr(stream, "set_output_size")  # in-memory data crops straight to the size
         self.budget_s = tr.time_budget_min * 60 if tr.time_budget_min else None
 
-    def _build_model(self, resume: bool) -> None:
-        """Model, optimizer, EMA; every rank builds the same init (same seed) and DDP also broadcasts rank 0's."""
+    def _build_model(self, resume: bool) -> dict[str, Any]:
+        """The model, every rank the same init (same seed; DDP also broadcasts rank 0's), and with `resume` the
+        checkpoint's weights and counters; the rest of the checkpoint's training state is returned."""
         tr, info = self.tr, self.info
         model = build_model(self.recipe, num_classes=self.num_classes).to(info.device)
         self.trained_pre = trained_preprocess(self.recipe, self.data_cfg, self.vit_cfg)  # saved with the weights
@@ -211,16 +216,39 @@ class Run:
             model.set_grad_checkpointing(True)
         if tr.early_stop_every and tr.parallel == "fsdp" and info.distributed:
             raise ValueError("train.early_stop_every keeps the best weights in the main process: use parallel: ddp")
-        self.best_weights: dict[str, torch.Tensor] | None = None  # early stopping's kept weights (main process)
-        self.state = RunState()
-        self.resumed_from: str | None = None
-        saved: dict[str, Any] = {}
-        if resume:
-            weights_path, weights, saved = resume_point(self.ckpt_dir, info.world_size, info.device)
-            model.load_state_dict(weights, strict=True)
-            self.resumed_from = str(weights_path)
         self.model = model
-        self.precision = self._decide_precision(model)
+        self.state = RunState()
+        self.best_weights: dict[str, torch.Tensor] | None = None  # early stopping's kept weights (main process)
+        self.resumed_from: str | None = None
+        if not resume:
+            return {}
+        weights_path, weights, saved = resume_point(self.ckpt_dir, info.world_size, info.device)
+        model.load_state_dict(weights, strict=True)
+        self.resumed_from = str(weights_path)
+        self.state = RunState(**saved["run"])
+        self.best_weights = saved.get("best")
+        return saved
+
+    def _decide_precision(self) -> str:
+        """`train.precision`, "auto" resolved; on a CPU decided by timing this model's step in fp32 and bf16 here
+        (`tune.py`; the main process measures, the others take its answer)."""
+        tr, info = self.tr, self.info
+        if tr.precision != "auto" or info.device.type != "cpu":
+            return resolve_precision(tr.precision, info.device)
+        choice: list[str | None] = [None]
+        if info.is_main:
+            micro = tr.batch_size // tr.accum_steps // info.world_size  # (B, C, H, W) of one micro-batch
+            shape = (micro, self.vit_cfg.in_chans, *to_hw(self.vit_cfg.img_size))
+            choice[0] = train_precision(self.model, lambda m: build_optimizer(m, self.recipe.optim), shape,
+                                        self.num_classes, info.device, clip_grad_norm=self.recipe.optim.clip_grad_norm)
+        if info.distributed:
+            torch.distributed.broadcast_object_list(choice, src=0)
+        return cast(str, choice[0])
+
+    def _build_training(self, saved: dict[str, Any]) -> None:
+        """The wrapped model (DDP / FSDP), optimizer and EMA, with a resumed run's state (`saved`) and data
+        position and RNGs, then torch.compile, mixup and the speed meter."""
+        tr, info, model = self.tr, self.info, self.model
         self.net = wrap_model(model, info, tr.parallel)
         self.optimizer = build_optimizer(self.net if tr.parallel == "fsdp" else model, self.recipe.optim)
         self.ema = None
@@ -229,12 +257,10 @@ class Run:
 
             self.ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(tr.ema_decay), use_buffers=True)
         rank = info.rank if info.distributed else 0
-        if resume:
+        if saved:
             load_optimizer_state_dict(self.optimizer, self.net, saved["optimizer"], info, tr.parallel)
             if self.ema is not None:
                 self.ema.load_state_dict(saved["ema"])
-            self.state = RunState(**saved["run"])
-            self.best_weights = saved.get("best")
             self.stream.load_state_dict(saved["data"][rank])
             set_rng_state(saved["rng"][rank])
         else:
@@ -246,24 +272,25 @@ class Run:
         self.meter = Meter(model.cfg, info.device.type, self.precision, info.world_size)
         self.meter.start(self.state.train_time_s, self.state.images_seen, self.state.step)
 
-    def _decide_precision(self, model: nn.Module) -> str:
-        """`train.precision`, "auto" decided by timing this model's step in fp32 and bf16 here (`tune.py`; the
-        main process measures, the others take its answer); the evaluators follow it."""
-        tr, info = self.tr, self.info
-        if tr.precision != "auto" or info.device.type != "cpu":
-            return self.precision
-        choice: list[str | None] = [None]
-        if info.is_main:
-            micro = tr.batch_size // tr.accum_steps // info.world_size  # (B, C, H, W) of one micro-batch
-            shape = (micro, self.vit_cfg.in_chans, *to_hw(self.vit_cfg.img_size))
-            choice[0] = train_precision(model, lambda m: build_optimizer(m, self.recipe.optim), shape,
-                                        self.num_classes, info.device, clip_grad_norm=self.recipe.optim.clip_grad_norm)
-        if info.distributed:
-            torch.distributed.broadcast_object_list(choice, src=0)
-        precision = cast(str, choice[0])
-        for runner in self.evaluators.values():
-            runner.precision = precision
-        return precision
+    def _build_evaluations(self) -> None:
+        """The run's evaluations, in the order they run at a step: on `eval_split` (every `eval_every` steps and at
+        the end; the run's result), early stopping's on the val split (every `early_stop_every` steps and at the
+        last) and `train.evaluators`. Their runners (main process only) evaluate in the run's precision."""
+        tr, main = self.tr, self.info.is_main
+        kw: dict[str, Any] = dict(device=self.info.device, precision=self.precision)
+        split = f"eval_{tr.eval_split}"
+        raw = self.model if self.ema is not None else None  # with EMA, the raw weights' top-1 too
+        self.evaluation = Evaluation(split, tr.eval_every, True, ClassificationRunner(
+            split, self.eval_data, self.num_classes, max_samples=tr.eval_max_samples, class_names=self.classes,
+            raw=raw, **kw) if main else None)
+        self.selection: Evaluation | None = None
+        if tr.early_stop_every:
+            self.selection = Evaluation("eval_val", tr.early_stop_every, False, ClassificationRunner(
+                "eval_val", self.val_data, self.num_classes, **kw) if main else None)
+        self.evaluators = [self.evaluation, *([self.selection] if self.selection else [])]
+        for i, spec in enumerate(tr.evaluators):
+            runner = build_evaluator(spec, self.evaluator_data[i], **kw) if main else None
+            self.evaluators.append(Evaluation(spec.name, spec.every, True, runner))
 
     def _open_outputs(self, resume: bool, progress: bool) -> None:
         """recipe.yaml, metrics.jsonl, TensorBoard and the progress bar (main process only)."""
@@ -281,8 +308,8 @@ class Run:
         # S; 0 for a run started again) are dropped: they are logged again. Step S's own were written before its
         # checkpoint and stay (but the final evaluation's, at the last step, is done again), so TensorBoard purges
         # from S + 1 (its purge_step drops events at and after it).
-        step, tr = self.state.step, self.tr
-        again = {f"eval_{tr.eval_split}", *(e.name for e in tr.evaluators)} if step >= self.total_steps else set()
+        step = self.state.step
+        again = {e.name for e in self.evaluators if e.final} if step >= self.total_steps else set()
         self.metrics_f = open_metrics(self.run_dir / "metrics.jsonl", step, again_at_step=again)  # closed in close()
         with writing(self.run_dir / "tb"):  # it writes its first event file at once
             self.writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=step + 1)
@@ -425,65 +452,73 @@ class Run:
             return plain.to(self.info.device)
         return self.model
 
+    def run_evaluators(self, final: bool = False) -> bool:
+        """The evaluations due at this step (those that run at the end of the run when `final`), in order, each row
+        logged; whether early stopping says stop, in which case the evaluations after its val one are not run.
+        Every rank calls."""
+        step = self.state.step
+        return self._run([e for e in self.evaluators if e.due(step, self.total_steps, final)])
+
     def evaluate(self) -> EvalResult | None:
-        """Evaluate on `train.eval_split` (main process; every rank calls), log it; with EMA, the raw weights too."""
-        tr, info = self.tr, self.info
-        result = None
-        m = self.eval_model()  # every rank: gathering FSDP shards is a collective
-        if info.is_main:
-            kw: dict[str, Any] = dict(device=info.device, precision=self.precision, max_samples=tr.eval_max_samples)
-            result = evaluate(m, self.eval_data, self.num_classes, class_names=self.classes, **kw)
-            row = {"step": self.state.step, "split": f"eval_{tr.eval_split}", "top1": result.top1,
-                   "top5": result.top5, "loss": result.loss, "train_time_s": self.state.train_time_s}
-            if self.ema is not None:
-                row["top1_raw"] = evaluate(self.model, self.eval_data, self.num_classes, **kw).top1
-            self.log(row)
-            self.state.evals.append(row)
-            logger.info("step %d: %s top-1 %.2f%%, loss %.4f", row["step"], row["split"], 100 * result.top1,
-                        result.loss)
-        barrier(info)
-        return result
+        """Evaluate on `train.eval_split` now (main process; every rank calls) and log it; with EMA, the raw weights'
+        top-1 too. The result (main process), else None."""
+        self._run([self.evaluation])
+        return self.eval_result
 
     def select(self) -> bool:
-        """Early stopping: evaluate on the val split, keep the weights if their top-1 is the best so far; whether
-        to stop (`train.early_stop_patience` evaluations in a row without a new best). Every rank calls."""
-        tr, info, state = self.tr, self.info, self.state
-        stop = False
-        m = self.eval_model()
-        if info.is_main:
-            r = evaluate(m, self.val_data, self.num_classes, device=info.device, precision=self.precision)
-            self.log({"step": state.step, "split": "eval_val", "top1": r.top1, "top5": r.top5, "loss": r.loss,
-                      "train_time_s": state.train_time_s})
-            if state.best_val_top1 is None or r.top1 > state.best_val_top1:
-                state.best_val_top1, state.best_step, state.evals_since_best = r.top1, state.step, 0
-                self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}
+        """Early stopping's evaluation on the val split now (`keep_best`); whether to stop. Every rank calls."""
+        return self._run([self.selection] if self.selection is not None else [])
+
+    @property
+    def eval_result(self) -> EvalResult | None:
+        """The latest evaluation on `train.eval_split` (main process), else None."""
+        runner = self.evaluation.runner
+        return runner.result if isinstance(runner, ClassificationRunner) else None
+
+    def _run(self, evaluations: list[Evaluation]) -> bool:
+        """Run `evaluations` on the current weights (main process) and log their rows; a barrier follows each (every
+        rank calls). Whether early stopping says stop (the rest are then not run)."""
+        if not evaluations:
+            return False
+        info, state = self.info, self.state
+        m = self.eval_model()  # every rank: gathering FSDP shards is a collective
+        for e in evaluations:
+            stop = False
+            if e.runner is not None:  # the main process
+                row = e.runner.run(m, state.step)
+                logger.info("step %d: %s %s", state.step, e.name, ", ".join(
+                    f"{k} {v:.4f}" for k, v in row.items() if k not in ("step", "split")))
+                row["train_time_s"] = state.train_time_s
+                self.log(row)
+                if e is self.evaluation:
+                    state.evals.append(row)
+                if e is self.selection:
+                    stop = self.keep_best(row["top1"], m)
+            if e is self.selection:  # every rank learns whether to stop
+                if not all_true(not stop, info):
+                    return True
             else:
-                state.evals_since_best += 1
-            stop = bool(tr.early_stop_patience) and state.evals_since_best >= tr.early_stop_patience
-            logger.info("step %d: val top-1 %.2f%% (best %.2f%% at step %d)", state.step, 100 * r.top1,
-                        100 * state.best_val_top1, state.best_step)
-        return not all_true(not stop, info)
+                barrier(info)
+        return False
+
+    def keep_best(self, top1: float, model: nn.Module) -> bool:
+        """Early stopping (main process): keep `model`'s weights if `top1` (its val top-1) is the best so far;
+        whether to stop (`train.early_stop_patience` evaluations in a row without a new best)."""
+        state, patience = self.state, self.tr.early_stop_patience
+        if state.best_val_top1 is None or top1 > state.best_val_top1:
+            state.best_val_top1, state.best_step, state.evals_since_best = top1, state.step, 0
+            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        else:
+            state.evals_since_best += 1
+        logger.info("step %d: best val top-1 %.2f%% at step %d", state.step, 100 * state.best_val_top1,
+                    state.best_step)
+        return bool(patience) and state.evals_since_best >= patience
 
     def restore_best(self) -> None:
         """Early stopping: put the kept (best val) weights into the evaluated model (main process)."""
         if self.best_weights is not None and self.info.is_main:
             target = self.ema.module if self.ema is not None else self.model
             target.load_state_dict(self.best_weights)
-
-    def run_evaluators(self, final: bool = False) -> None:
-        """The recipe's evaluators due at this step (all of them when `final`); every rank calls."""
-        step = self.state.step
-        due = [e for e in self.tr.evaluators if final or step == self.total_steps or (e.every and step % e.every == 0)]
-        if not due:
-            return
-        m = self.eval_model()  # every rank: gathering FSDP shards is a collective
-        if self.info.is_main:
-            for e in due:
-                row = self.evaluators[e.name].run(m, step)
-                self.log({**row, "train_time_s": self.state.train_time_s})
-                logger.info("step %d: %s %s", step, e.name, ", ".join(
-                    f"{k} {v:.4f}" for k, v in row.items() if k not in ("step", "split")))
-        barrier(self.info)
 
     def save(self) -> None:
         """A checkpoint of the current step (every rank calls: data positions and RNGs are gathered)."""
