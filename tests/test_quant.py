@@ -65,10 +65,67 @@ def test_static_int8_errors_are_named():
         optimize(model, "int8-static", calib=torch.zeros(4, 3, 32, 32, dtype=torch.uint8))
     with pytest.raises(ValueError, match="no images"):
         optimize(model, "int8-static", calib=[])
+    with pytest.raises(ValueError, match="attention must be one of"):
+        from vitlab.deploy.quant import quantize_static
+
+        quantize_static(model, torch.randn(2, 3, 32, 32), attention="int8")
     with pytest.raises(ValueError, match="an fp32 model"):
         from vitlab.deploy.quant import quantize_static
 
         quantize_static(model.to(torch.bfloat16), torch.randn(2, 3, 32, 32))
+
+
+def test_attention_dtype_follows_native_bf16_and_kernel_emulation(monkeypatch):
+    from vitlab.deploy import quant
+    from vitlab.perf import cpu
+
+    for var in cpu.EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "avx512f", "amx_bf16"}))
+    assert quant.attention_dtype("auto") == torch.bfloat16
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # kernels held to AVX2: bf16 is not native in this process
+    assert quant.attention_dtype("auto") == torch.float32
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert quant.attention_dtype("auto") == torch.float32  # VNNI without bf16
+    assert quant.attention_dtype("bf16") == torch.bfloat16 and quant.attention_dtype("fp32") == torch.float32
+    with pytest.raises(ValueError, match=r"attention must be one of .*'fp16'"):
+        quant.attention_dtype("fp16")
+
+
+def test_sdpa_in_runs_attention_in_bf16_and_only_attention():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vitlab.deploy.quant import sdpa_in
+
+    model = _tiny()
+    x = torch.randn(4, 3, 32, 32)
+    gm = torch.export.export(model, (x,)).module()
+    assert sdpa_in(gm, torch.bfloat16) == 2  # one per block
+    assert sdpa_in(gm, torch.bfloat16) == 0  # already bf16: nothing more to change
+
+    class Dtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if "addmm" in str(func) or "scaled_dot_product" in str(func):
+                self.seen.append((str(func), args[1].dtype if "addmm" in str(func) else args[0].dtype))
+            return out
+
+    mode = Dtypes()
+    with torch.no_grad(), mode:
+        out = gm(x)
+    with torch.no_grad():
+        ref = model(x)
+    attn = {d for f, d in mode.seen if "scaled_dot_product" in f}
+    gemm = {d for f, d in mode.seen if "addmm" in f}
+    assert attn == {torch.bfloat16} and gemm == {torch.float32}, mode.seen
+    assert out.dtype == torch.float32
+    # bf16 keeps 8 bits of mantissa: q, k, v rounded to ~2^-9 relative; the logits move by about that, not more
+    assert 0 < _rel_err(out, ref) < 2e-2
 
 
 def test_calibration_tensor_takes_batches_and_pairs_and_stops_at_the_limit():

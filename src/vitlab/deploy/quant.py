@@ -14,10 +14,14 @@ What happens:
    `onednn::qlinear_pointwise` call on pre-packed int8 weights (u8 x s8 -> s32 with AVX512-VNNI here) and fuses
    the fp32 elementwise work between GEMMs (residual add, LayerNorm, the next quantise) into generated C++ loops.
 
-What stays fp32: attention's QK^T / softmax / AV (`scaled_dot_product_attention`'s flash kernel for CPU), the
-LayerNorms and the residual stream. Quantising the attention matmuls was measured and is slower here: Inductor
+Attention's QK^T / softmax / AV (`scaled_dot_product_attention`'s flash kernel for CPU) is not int8: Inductor
 lowers a quantised `matmul` to dequantise + fp32 `bmm` (no int8 batched GEMM), and torchao's fused int8 SDPA
-(`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel (docs/speed.md, "Static int8").
+(`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel (docs/speed.md, "Static int8"). On CPUs with
+native bf16 (AMX, AVX512-BF16) it runs in bf16 instead (`attention="auto"`): q, k, v are cast to bf16 in the
+graph, the flash kernel runs its bf16 path (AMX tiles / VDPBF16PS; it accumulates in fp32) and the output is cast
+back, the casts fused by Inductor into the neighbouring loops. Elsewhere (AVX2, AVX-512 without bf16, or kernels
+held to a lesser ISA by `vitlab.perf.cpu.kernel_emulation`) it stays fp32, where bf16 would be slower. The
+LayerNorms and the residual stream stay fp32.
 
 Needs torchao (`pip install 'vitlab[quant]'`) and a C++ compiler (Inductor), CPU only.
 """
@@ -33,13 +37,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..perf.cpu import bf16_kernels
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
-__all__ = ["DEFAULT_CALIB_IMAGES", "calibration_tensor", "input_chw", "quantize_static"]
+__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "calibration_tensor", "input_chw", "quantize_static"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
+ATTENTION_DTYPES = ("auto", "fp32", "bf16")  # `quantize_static(attention=...)`
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
 @contextlib.contextmanager
@@ -67,8 +74,50 @@ def _torchao() -> tuple[Any, Any]:
     return qpt2e, x86
 
 
-def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES
-                    ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+def attention_dtype(attention: str = "auto") -> torch.dtype:
+    """The dtype static int8 runs attention in: "auto" is bf16 where bf16 is native here (`bf16_kernels`), else
+    fp32."""
+    if attention not in ATTENTION_DTYPES:
+        raise ValueError(f"attention must be one of {ATTENTION_DTYPES}, got {attention!r}")
+    if attention == "auto":
+        return torch.bfloat16 if bf16_kernels() else torch.float32
+    return torch.bfloat16 if attention == "bf16" else torch.float32
+
+
+def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
+    """Run every `scaled_dot_product_attention` of an exported graph in `dtype`: its q, k, v (and a floating-point
+    mask) cast to it, its output cast back to the dtype it had. Returns how many were changed (in place)."""
+    g = graph_module.graph
+    changed = 0
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        val = node.meta.get("val")
+        out_dtype = val.dtype if isinstance(val, torch.Tensor) else torch.float32
+        q = node.args[0]
+        done = isinstance(q, torch.fx.Node) and q.target is torch.ops.aten._to_copy.default and q.kwargs.get(
+            "dtype") == dtype  # changed by an earlier call
+        if out_dtype == dtype or done:
+            continue
+        args = list(node.args)
+        with g.inserting_before(node):
+            for i, a in enumerate(args[:4]):
+                v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+                if isinstance(v, torch.Tensor) and v.is_floating_point():
+                    args[i] = g.call_function(torch.ops.aten._to_copy.default, (a,), {"dtype": dtype})
+        node.args = tuple(args)
+        with g.inserting_after(node):
+            back = g.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": out_dtype})
+        node.replace_all_uses_with(back, delete_user_cb=lambda user, back=back: user is not back)
+        changed += 1
+    if changed:
+        g.lint()
+        graph_module.recompile()
+    return changed
+
+
+def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES,
+                    attention: str = "auto") -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
 
     Args:
@@ -76,6 +125,8 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         calib: Real calibration images (see `vitlab.deploy.calibration.calibration_tensor`), prepared as for the
             model.
         calib_images: Use at most this many of them.
+        attention: The dtype of attention's QK^T / softmax / AV: "bf16", "fp32", or "auto" (bf16 where the CPU
+            has native bf16 and no kernel emulation is set, else fp32; see the module docstring).
 
     Returns:
         (the quantised graph module, a function images -> fp32 logits that runs it compiled). The first call for
@@ -93,6 +144,7 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         raise ValueError(f"static int8 quantises an fp32 model; this one is {ref.dtype}")
     if calib_images < 1:
         raise ValueError(f"calib_images must be >= 1, got {calib_images}")
+    attn_dtype = attention_dtype(attention)
     images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
     qpt2e, x86 = _torchao()
     model = model.eval()
@@ -107,6 +159,8 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         qmodel = qpt2e.convert_pt2e(prepared)
         pt2e = require("torchao.quantization.pt2e", "quant", "static int8 (PT2E)")
         pt2e.allow_exported_model_train_eval(qmodel)  # .eval() on it (OptimizedModel does) is then allowed
+    sdpa_in(qmodel, attn_dtype)
+    qmodel.meta["attention_dtype"] = str(attn_dtype).removeprefix("torch.")  # what ran, for reports
     compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size
 
     def run(x: torch.Tensor) -> torch.Tensor:

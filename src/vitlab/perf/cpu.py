@@ -84,6 +84,12 @@ def native_bf16(flags: Collection[str] | None = None) -> bool | None:
     return any(f in flags for f in BF16_FLAGS) if flags else None
 
 
+def bf16_kernels() -> bool:
+    """Whether bf16 runs at native speed in this process: the CPU has native bf16 dot products (`native_bf16`) and
+    no kernel-emulation variable (`kernel_emulation`) holds torch / oneDNN to a lesser CPU's kernels."""
+    return bool(native_bf16()) and not kernel_emulation()
+
+
 def native_int8(flags: Collection[str] | None = None) -> bool | None:
     """Whether the CPU accumulates int8 products in int32 natively (amx_int8, avx512_vnni or avx_vnni); None when
     its flags are unknown. Without them x86 int8 GEMMs use VPMADDUBSW (u8 x s8 pairs summed in int16)."""
