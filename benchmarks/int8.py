@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/int8.py speed --model ViT-B/16 --batches 8 1 --rounds 5 --threads 1
     .venv/bin/python benchmarks/int8.py accuracy [--checkpoint CKPT]    # 10,000 Fashion-MNIST test images
 
+`--modes ... int8-static-fp32attn` adds int8-static with attention kept in fp32 (what int8-static ran before
+attention went bf16 on hosts with native bf16), to see what the bf16 attention buys in the same rounds.
+
 speed: every mode built on the same weights (ViT-B/16 at 224 px, random-init weights perturbed: timing does not
 depend on the values), calibrated on the same images; then interleaved rounds (each round calls every mode once,
 in turn), per batch size. Reported: median seconds, images/s, ratio of each runtime's time to ours in the same round
@@ -19,6 +22,7 @@ fp32 model and accuracy on the 10,000 test images, for each int8 mode.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -33,11 +37,13 @@ from torch.profiler import profile
 import vitlab
 from vitlab.bench import machine_info
 from vitlab.bench.timing import loadavg, matmul_peak, perturb_
+from vitlab.deploy import quant
 from vitlab.models.flops import count_flops
 from vitlab.train.recipe import data_config_from_dict, load_recipe
 from vitlab.utils.io import write_atomic
 
 OURS = "int8-static"
+FP32_ATTENTION = "int8-static-fp32attn"  # int8-static with attention kept in fp32 (quantize_static(attention="fp32"))
 
 
 def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, example: torch.Tensor
@@ -46,7 +52,11 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
     for mode in modes:
         t = time.perf_counter()
         try:
-            out[mode] = model.eval() if mode == "fp32" else vitlab.optimize(model, mode, calib=calib, example=example)
+            if mode == FP32_ATTENTION:  # int8-static as it was before attention went bf16 (the comparison)
+                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib, attention="fp32")[1]
+            else:
+                out[mode] = model.eval() if mode == "fp32" else vitlab.optimize(model, mode, calib=calib,
+                                                                                 example=example)
         except Exception as e:  # a missing runtime is reported and skipped, not fatal
             print(f"  {mode}: cannot build: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
             continue
