@@ -35,6 +35,7 @@ def test_static_int8_agrees_with_fp32_and_runs_int8_kernels():
     with torch.no_grad():
         ref = model(x)
     fast = optimize(model, "int8-static", calib=calib)
+    assert f"attention={fast.module.meta['attention_dtype']}" in repr(fast)  # what attention ran in is said
     out = fast(x)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     err = _rel_err(out, ref)

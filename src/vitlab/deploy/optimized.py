@@ -38,4 +38,5 @@ class OptimizedModel(nn.Module):
         return super().train(False)
 
     def extra_repr(self) -> str:
-        return f"mode={self.mode!r}, dtype={self.dtype}"
+        attention = getattr(self.module, "meta", {}).get("attention_dtype")  # int8-static: what attention ran in
+        return f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}" if attention else "")
