@@ -14,7 +14,7 @@ import vitlab
 from vitlab.deploy.optimize import OptimizedModel
 from vitlab.utils.extras import MissingExtraError
 
-from .conftest import FMNIST_ROOT, perturb_
+from .conftest import FMNIST_ROOT, perturb_, skip_if_emulated
 
 ov = pytest.importorskip("openvino")
 pytest.importorskip("nncf")
@@ -76,6 +76,7 @@ def test_fp32_runtimes_compute_our_logits_at_any_batch(tiny, build):
         fast(torch.randn(2, 3, 28, 28))
 
 
+@skip_if_emulated
 def test_openvino_bf16_is_bf16(tiny):
     graph = openvino_model(tiny, torch.randn(2, 1, 28, 28))
     if "BF16" not in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"):

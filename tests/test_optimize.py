@@ -6,7 +6,7 @@ import torch
 import vitlab
 from vitlab.deploy.optimize import CALIBRATED_MODES, MODES, RUNTIME_MODES, optimize
 
-from .conftest import perturb_
+from .conftest import perturb_, skip_if_emulated
 
 # Relative L2 error of the logits allowed per mode: bf16 keeps 8 mantissa bits (2^-8 ~ 4e-3 per rounding),
 # fp16 11 bits; int8 rounds weights (per channel) and activations (per tensor) to 1/127 of their range, which
@@ -62,6 +62,7 @@ def test_errors_are_named():
 
 
 @pytest.mark.slow
+@skip_if_emulated
 @pytest.mark.parametrize("mode", ["compile", "compile-bf16"])
 def test_compiled_mode_agrees_with_fp32(mode):
     model = _tiny()

@@ -14,6 +14,8 @@ import vitlab
 from vitlab.train import load_recipe, lr_at, param_groups, train
 from vitlab.train.recipe import Recipe, ScheduleSection, apply_overrides, parse_override, read_recipe_dict
 
+from .conftest import skip_if_emulated
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
 TINY = {"embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
@@ -248,6 +250,7 @@ def test_finetune_resamples_pos_embed_and_zeroes_head(tmp_path):
     torch.testing.assert_close(model.blocks[0].mlp.fc1.weight, pre.blocks[0].mlp.fc1.weight)
 
 
+@skip_if_emulated
 def test_compiled_bf16_steps_match_eager(tmp_path, synthetic_data):
     """The shipped Fashion-MNIST recipe trains under torch.compile with bf16 autocast (where the CPU has AMX): three
     compiled steps of its (tiny) model must follow the eager fp32 steps to bf16 precision."""
