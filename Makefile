@@ -29,11 +29,13 @@ browser:
 	  (command -v apt-get >/dev/null && (apt-get install -y -q chromium chromium-driver >/dev/null || (apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null))) || \
 	  echo "warning: could not install chromium + chromium-driver (needs root); the browser tests will be skipped"
 
+# pytest-xdist: one worker per core of the 2-core CI machine (tests/conftest.py gives each its share of threads).
+TEST_WORKERS ?= 2
 test: $(STAMP) dataset browser
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # The tests that cover the dependencies, at their floors (requirements-floor.txt) in a venv of their own that
 # borrows torch, torchvision and the rest from .venv through a .pth line after its own site-packages. Downloads.

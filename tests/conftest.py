@@ -3,8 +3,10 @@ import os
 import pytest
 import torch
 
-# 2 cores: keep the suite deterministic and avoid oversubscription.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# 2 cores: keep the suite deterministic and avoid oversubscription; under pytest-xdist (`make test` runs one
+# worker per core) each worker takes its share of the cores.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1) // _WORKERS))
 
 # Measured choices (`precision: auto`, `mode="auto"`) take the rule-of-thumb default in tests: deterministic, no
 # timing, no cache written; tests of vitlab.perf.autotune switch it on themselves.

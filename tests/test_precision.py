@@ -27,6 +27,8 @@ def tuned(tmp_path, monkeypatch):
     monkeypatch.setenv("VITLAB_AUTOTUNE", "on")
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autotune, "_load", lambda: 0.5)  # a quiet machine: nothing measured again for load
+    for var in cpu.EMULATION_VARS:  # a plain host (the suite may run under kernel emulation; tested below)
+        monkeypatch.delenv(var, raising=False)
     zen4 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})  # native bf16: "auto" measures
     monkeypatch.setattr(cpu, "cpu_flags", lambda *a: zen4)
     state = {"now": 0.0, "seconds": {"fp32": 2.0, "bf16": 1.0}, "calls": []}
@@ -106,6 +108,8 @@ def test_choose_follows_the_measurement_and_caches_it(tuned, seconds, expected, 
 def test_off_keeps_the_cpu_flag_rule(monkeypatch, amx):
     monkeypatch.setenv("VITLAB_AUTOTUNE", "off")
     monkeypatch.setattr(precision, "cpu_has_amx", lambda: amx)
+    for var in cpu.EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
     ran = []
     assert precision.choose_precision("auto", "cpu", kind="t", shape_key="s", run=ran.append) == \
         ("bf16" if amx else "fp32")
@@ -129,6 +133,24 @@ def test_no_native_bf16_takes_fp32_without_measuring(tuned, monkeypatch, caplog,
     assert train_precision(model, opt, (2, 1, 28, 28), 3, "cpu") == "fp32"
     assert tuned["calls"] == []  # no step, no forward pass timed
     assert autotune.timings("t", "s") == {}  # nothing stored: a decision, not a measurement
+
+
+@pytest.mark.parametrize("autotune_mode", ["on", "off"])
+def test_kernel_emulation_takes_fp32_without_measuring(tuned, monkeypatch, caplog, autotune_mode):
+    """An AMX host whose kernels are held to AVX2's (how the AVX2 class is measured here) runs bf16 emulated, as
+    an AVX2 host would: neither the rule nor a measurement may pick it."""
+    monkeypatch.setenv("VITLAB_AUTOTUNE", autotune_mode)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda *a: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
+    monkeypatch.setattr(precision, "cpu_has_amx", lambda: True)
+    assert precision.rule_precision("cpu") == "bf16"  # the real host's rule
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setattr(precision, "time_interleaved", lambda *a, **kw: pytest.fail("bf16 measured under emulation"))
+    caplog.set_level(logging.INFO, logger="vitlab.precision")
+    assert precision.rule_precision("cpu") == "fp32"
+    assert precision.choose_precision("auto", "cpu", kind="t", shape_key="s", run=lambda p: None) == "fp32"
+    assert tuned["calls"] == [] and "precision auto -> fp32" in caplog.text
+    if autotune_mode == "on":
+        assert "ONEDNN_MAX_CPU_ISA=AVX2" in caplog.text
 
 
 def test_bad_precision_is_named():

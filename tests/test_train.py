@@ -83,6 +83,8 @@ def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
     plain.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\nbugs\t\t: amx_bf16_not_a_flag\n")
     assert cpu.cpu_has_amx(str(amx)) and not cpu.cpu_has_amx(str(plain))
     assert not cpu.cpu_has_amx(str(tmp_path / "missing"))  # not Linux: no cpuinfo, so fp32
+    for var in cpu.EMULATION_VARS:  # a plain host (under kernel emulation the rule is fp32: test_precision.py)
+        monkeypatch.delenv(var, raising=False)
     for has_amx, expect in ((True, "bf16"), (False, "fp32")):
         monkeypatch.setattr(precision, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
         assert precision.resolve_precision("auto", "cpu") == expect

@@ -58,13 +58,14 @@ def _check(precision: str) -> None:
 
 
 def rule_precision(device: torch.device | str) -> str:
-    """The rule of thumb, no measuring: "bf16" on a CUDA GPU with bf16 or a CPU with AMX, else "fp32"."""
+    """The rule of thumb, no measuring: "bf16" on a CUDA GPU with bf16 or a CPU with AMX, else "fp32" (also on an
+    AMX CPU whose kernels are held to a lesser CPU's by `kernel_emulation()`: bf16 is emulated there)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_has_amx() else "fp32"
+    return "bf16" if device.type == "cpu" and cpu_has_amx() and not kernel_emulation() else "fp32"
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> str:
@@ -167,8 +168,8 @@ def choose_precision(precision: str, device: torch.device | str, *, kind: str, s
     machine, measured once (`time_interleaved`) and cached per machine and `shape_key` (`vitlab.perf.autotune`).
 
     The rule of thumb (`rule_precision`) is the answer on a GPU and with `VITLAB_AUTOTUNE=off`. On a CPU without
-    native bf16 (`native_bf16()` False: no amx_bf16 / avx512_bf16) the answer is fp32 without measuring: there the
-    bf16 trial steps alone would cost minutes. A log line (logger "vitlab.precision") says what was measured and
+    native bf16 (`native_bf16()` False: no amx_bf16 / avx512_bf16), or whose kernels `kernel_emulation()` holds to a
+    lesser CPU's, the answer is fp32 without measuring: there the bf16 trial steps alone would cost minutes. A log line (logger "vitlab.precision") says what was measured and
     chosen, or why nothing was.
 
     Args:
@@ -195,6 +196,10 @@ def choose_precision(precision: str, device: torch.device | str, *, kind: str, s
         log.info("precision auto -> fp32 (not measured: this CPU (%s) has no native bf16 (%s), so bf16 runs "
                  "emulated; an AVX2-only EPYC measured it 9-10x slower than fp32)", host_class(),
                  " / ".join(BF16_FLAGS))
+        return "fp32"
+    if emulated := kernel_emulation():  # the kernels are a lesser CPU's: bf16 runs emulated, as it would there
+        log.info("precision auto -> fp32 (not measured: %s hold the kernels to a lesser CPU's, so bf16 runs "
+                 "emulated)", " ".join(f"{k}={v}" for k, v in emulated.items()))
         return "fp32"
     candidates = [rule, "bf16" if rule == "fp32" else "fp32"]  # the rule's answer first: the fallback
     timed: dict[str, float] = {}
