@@ -169,8 +169,8 @@ def choose_precision(precision: str, device: torch.device | str, *, kind: str, s
 
     The rule of thumb (`rule_precision`) is the answer on a GPU and with `VITLAB_AUTOTUNE=off`. On a CPU without
     native bf16 (`native_bf16()` False: no amx_bf16 / avx512_bf16), or whose kernels `kernel_emulation()` holds to a
-    lesser CPU's, the answer is fp32 without measuring: there the bf16 trial steps alone would cost minutes. A log line (logger "vitlab.precision") says what was measured and
-    chosen, or why nothing was.
+    lesser CPU's, the answer is fp32 without measuring: there the bf16 trial steps alone would cost minutes. A log
+    line (logger "vitlab.precision") says what was measured and chosen, or why nothing was.
 
     Args:
         kind: The autotune kind ("train-precision", "infer-precision").
