@@ -1,7 +1,9 @@
-"""What makes this machine fast, measured rather than assumed; torch is imported only when a function runs.
+"""What makes this machine fast, measured rather than assumed; torch is imported only when a function runs
+(`linear` excepted: it defines a torch op).
 
     cpu         this CPU's flags and host class (AVX2 / AVX-512 / AVX-512+VNNI / AMX), the one /proc/cpuinfo reader
     autotune    measured choices cached per machine ($VITLAB_CACHE/autotune.json)
     precision   `precision: auto` (fp32 or bf16, measured), autocast, and vitlab's one timer (`time_rounds`)
+    linear      row-major weight-gradient GEMMs for compiled bf16 training on AMX (`rowmajor_weight_grads`)
     allocator   glibc malloc tuning that keeps freed training memory (`keep_freed_memory`)
 """

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..perf.linear import rowmajor_weight_grads
 from ..perf.precision import autocast
 from .distributed import DistInfo, all_reduce_mean, all_true
 from .mixup import BatchMix
@@ -84,7 +85,7 @@ def train_step(
             x, y = mix(x, y)  # y: (B, classes) soft targets
         sync = i == accum_steps - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         no_sync = contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, model).no_sync()
-        with no_sync, autocast(device, precision):
+        with no_sync, autocast(device, precision), rowmajor_weight_grads(device, precision):
             logits = model(x)  # (B, classes)
         loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
         if on_loss is not None:

@@ -1,0 +1,118 @@
+"""Linear layers' weight gradients with both GEMM operands row-major: bf16 training on AMX CPUs.
+
+Autograd's linear backward computes the weight gradient as dW = dY^T X (dY: (M, out), X: (M, in), M = batch x
+tokens). Both come row-major, so oneDNN gets dY^T with its reduction axis M strided (layout "ba"). On AMX its
+matmul reorders such a source before the tiles can use it, and ViT-S/16's four weight-gradient GEMMs per block ran
+at about half the speed of the forward GEMMs of the same size (ONEDNN_VERBOSE, one core: 1536x6304 @ 6304x384 in
+13 ms with the source "ba", 6 ms with it "ab"); they were a quarter of the whole training step.
+
+`rowmajor_weight_grads()` is a context (a torch function mode) that routes `F.linear` in a bf16 autocast region
+through `RowMajorLinear`: the same forward, and a backward that hands the GEMM the smaller of dY^T and X^T as a
+row-major copy (`vitlab::mm_rowmajor`, whose inputs torch.compile must materialize as traced, so the transposed
+copy is written by the fused kernel that produces it). dX is computed as before. The results are the same bf16
+GEMMs with fp32 accumulation as autocast's; only operand layouts differ. Without AMX (AVX-512 bf16, AVX2, GPUs)
+the layout did not matter (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: within noise) and the context does nothing.
+It acts only while torch.compile traces: eager, the transposed copies (torch's own transpose) cost what the GEMMs
+save (ViT-S/16 eager: 0.99x), so eager steps keep autograd's linear as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .cpu import cpu_has_amx, kernel_emulation
+from .precision import resolve_precision
+
+
+@torch.library.custom_op("vitlab::mm_rowmajor", mutates_args=(), tags=(torch.Tag.needs_fixed_stride_order,))
+def mm_rowmajor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with both operands row-major (copied if they are not; under torch.compile they arrive as traced)."""
+    return torch.mm(a.contiguous(), b.contiguous())
+
+
+@mm_rowmajor.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"mm_rowmajor: shapes {tuple(a.shape)} and {tuple(b.shape)} do not multiply")
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+def _mm_rowmajor_backward(ctx, grad):  # (M, N) -> (M, K), (K, N): so it stays differentiable
+    a, b = ctx.saved_tensors
+    return grad @ b.t(), a.t() @ grad
+
+
+def _mm_rowmajor_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+mm_rowmajor.register_autograd(_mm_rowmajor_backward, setup_context=_mm_rowmajor_setup)
+
+
+class RowMajorLinear(torch.autograd.Function):
+    """y = x W^T + b in the autocast dtype; backward: dX = dY W, dW from row-major operands, db = sum(dY)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        lead = x.shape[:-1]
+        with torch.autocast("cpu", enabled=False):
+            x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (M, in)
+            w = weight.to(dtype)  # (out, in)
+            # (M, out); with the bias, addmm as autocast runs it (the bias added before the one rounding to dtype)
+            out = torch.mm(x2, w.t()) if bias is None else torch.addmm(bias.to(dtype), x2, w.t())
+        ctx.save_for_backward(x2, w)
+        ctx.has_bias = bias is not None
+        ctx.x_shape = x.shape
+        return out.reshape(*lead, w.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x2, w = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)  # (M, out)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = torch.mm(dy2, w).reshape(ctx.x_shape) if need_x else None  # (..., in); autograd casts to x's dtype
+        dw = None
+        if need_w:
+            out_f, in_f = w.shape
+            if in_f <= out_f:  # transpose the smaller operand: X^T (in, M) @ dY (M, out) = dW^T
+                dw = mm_rowmajor(x2.t().contiguous(), dy2.contiguous()).t()
+            else:  # dY^T (out, M) @ X (M, in) = dW
+                dw = mm_rowmajor(dy2.t().contiguous(), x2.contiguous())
+        db = dy2.sum(0, dtype=torch.float32) if ctx.has_bias and need_b else None
+        return dx, dw, db, None
+
+
+def _plain(t: torch.Tensor | None) -> bool:
+    return t is None or type(t) in (torch.Tensor, torch.nn.Parameter)
+
+
+class _RowMajorMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is F.linear and torch.compiler.is_compiling() and torch.is_grad_enabled()
+                and torch.is_autocast_enabled("cpu")):
+            x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            dtype = torch.get_autocast_dtype("cpu")
+            if (dtype == torch.bfloat16 and x.device.type == "cpu" and x.ndim >= 2 and weight.ndim == 2
+                    and all(map(_plain, (x, weight, bias))) and (x.requires_grad or weight.requires_grad)):
+                return RowMajorLinear.apply(x, weight, bias, dtype)
+        return func(*args, **kwargs)
+
+
+def rowmajor_wanted(device: torch.device | str, precision: str) -> bool:
+    """Whether `rowmajor_weight_grads` acts: bf16 ("auto" as `resolve_precision` says) on a CPU with AMX whose
+    kernels are not held to a lesser ISA (`kernel_emulation`)."""
+    device = torch.device(device)
+    return (device.type == "cpu" and resolve_precision(precision, device) == "bf16" and cpu_has_amx()
+            and not kernel_emulation())
+
+
+def rowmajor_weight_grads(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
+    """The context for a training forward pass: row-major weight-gradient GEMMs where that is faster (AMX, bf16,
+    compiled), else a no-op. Forward results are unchanged; the model is not modified."""
+    return _RowMajorMode() if rowmajor_wanted(device, precision) else contextlib.nullcontext()

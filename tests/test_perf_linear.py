@@ -1,0 +1,157 @@
+"""Row-major weight-gradient GEMMs (`vitlab.perf.linear`): the same forward as autocast's linear, gradients as
+accurate as autograd's own (both against an fp32 reference), used only where it pays (compiled bf16 training on
+AMX), and a training step that goes through it under torch.compile."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from vitlab.models.config import ViTConfig
+from vitlab.models.vit import VisionTransformer
+from vitlab.perf import cpu, linear
+from vitlab.perf.linear import RowMajorLinear, mm_rowmajor, rowmajor_wanted, rowmajor_weight_grads
+
+BF16 = torch.bfloat16
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.float() - ref).norm() / ref.norm().clamp_min(1e-12))
+
+
+def inputs(out_f: int, in_f: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 50, in_f, generator=g)  # (B, N, in): the (B, N, D) tokens of a block
+    w = torch.randn(out_f, in_f, generator=g) / in_f**0.5
+    b = torch.randn(out_f, generator=g)
+    dy = torch.randn(3, 50, out_f, generator=g)
+    return x, w, b, dy
+
+
+def grads(fn, x, w, b, dy):
+    x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
+    y = fn(x, w, b)
+    y.backward(dy.to(y.dtype))
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+@pytest.mark.parametrize("out_f,in_f", [(96, 32), (32, 96), (48, 48)])  # X^T copied, dY^T copied, either
+def test_rowmajor_linear_matches_autocast_and_fp32(out_f, in_f):
+    x, w, b, dy = inputs(out_f, in_f)
+    ref = grads(F.linear, x, w, b, dy)  # fp32: the reference both bf16 paths are held to
+
+    def autocast_linear(x, w, b):
+        with torch.autocast("cpu", dtype=BF16):
+            return F.linear(x, w, b)
+
+    plain = grads(autocast_linear, x, w, b, dy)
+    ours = grads(lambda x, w, b: RowMajorLinear.apply(x, w, b, BF16), x, w, b, dy)
+    assert ours[0].dtype == plain[0].dtype == BF16
+    torch.testing.assert_close(ours[0], plain[0], rtol=0, atol=0)  # forward: the very addmm autocast runs
+    for got, theirs, want in zip(ours[1:], plain[1:], ref[1:], strict=True):
+        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
+        # as close to fp32 as autograd's bf16 gradient is (bf16 GEMM, fp32 accumulation), with a little slack
+        assert rel_err(got, want) <= 1.25 * rel_err(theirs, want) + 1e-3, (rel_err(got, want), rel_err(theirs, want))
+        assert rel_err(got, want) < 2e-2
+
+
+def test_frozen_weights_get_no_gradient_and_inputs_still_do():
+    x, w, b, dy = inputs(64, 32)
+    xg = x.clone().requires_grad_()
+    y = RowMajorLinear.apply(xg, w, b, BF16)  # weight and bias frozen (plain tensors without grad)
+    y.backward(dy.to(BF16))
+    want = (dy.reshape(-1, 64) @ w).reshape(x.shape)
+    assert rel_err(xg.grad, want) < 2e-2 and w.grad is None and b.grad is None
+    xw = grads(lambda x, w, b: RowMajorLinear.apply(x, w, None, BF16), x, w, b, dy)
+    assert xw[3] is None  # no bias: none to differentiate
+
+
+def test_mm_rowmajor_multiplies_any_layout_and_names_bad_shapes():
+    a, b = torch.randn(40, 8), torch.randn(8, 24)
+    torch.testing.assert_close(mm_rowmajor(a.t().contiguous().t(), b.t().contiguous().t()), a @ b)
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        mm_rowmajor(a, a)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), pytest.raises(ValueError, match=r"mm_rowmajor: shapes \(40, 8\) and \(40, 8\)"):
+        mm_rowmajor(torch.empty(40, 8), torch.empty(40, 8))
+
+
+def test_mm_rowmajor_is_differentiable():
+    a = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(mm_rowmajor, (a, b))
+
+
+@pytest.fixture
+def amx(monkeypatch):
+    """An AMX host whose kernels are not held to a lesser ISA (the suite may run anywhere)."""
+    for var in cpu.EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(linear, "cpu_has_amx", lambda: True)
+
+
+def test_wanted_only_for_bf16_on_amx(amx, monkeypatch):
+    assert rowmajor_wanted("cpu", "bf16")
+    assert not rowmajor_wanted("cpu", "fp32")
+    assert not rowmajor_wanted("meta", "bf16")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # kernels held to AVX2: no AMX tiles to feed
+    assert not rowmajor_wanted("cpu", "bf16")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(linear, "cpu_has_amx", lambda: False)  # AVX-512 bf16 (Zen 4) or AVX2: layout did not matter
+    assert not rowmajor_wanted("cpu", "bf16")
+    assert isinstance(rowmajor_weight_grads("cpu", "bf16"), type(rowmajor_weight_grads("cpu", "fp32")))
+
+
+def tiny_vit() -> VisionTransformer:
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(embed_dim=32, depth=2, num_heads=2, mlp_dim=64, img_size=16, patch_size=4,
+                                        num_classes=5))
+    torch.nn.init.normal_(model.head.weight, std=0.1)  # the zero-initialised head would leave the blocks no gradient
+    return model
+
+
+def step_grads(model, x, y, *, mode: bool, compiled: bool) -> tuple[float, dict[str, torch.Tensor], list[str]]:
+    model = copy.deepcopy(model)
+    net = torch.compile(model, fullgraph=True) if compiled else model
+    ctx = rowmajor_weight_grads("cpu", "bf16") if mode else contextlib.nullcontext()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.autocast("cpu", dtype=BF16), ctx:
+            loss = F.cross_entropy(net(x).float(), y)
+        loss.backward()
+    ops = [e.key for e in prof.key_averages()]
+    return loss.item(), {n: p.grad for n, p in model.named_parameters()}, ops
+
+
+def test_compiled_step_goes_through_it_and_keeps_the_gradients(amx):
+    model = tiny_vit()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 5, (4,), generator=g)
+    with torch.autocast("cpu", enabled=False):
+        ref = copy.deepcopy(model)
+        F.cross_entropy(ref(x), y).backward()
+    want = {n: p.grad for n, p in ref.named_parameters()}
+    loss_p, plain, _ = step_grads(model, x, y, mode=False, compiled=True)
+    loss_o, ours, ops = step_grads(model, x, y, mode=True, compiled=True)
+    assert "vitlab::mm_rowmajor" in ops  # the weight gradients went through the row-major GEMM
+    assert abs(loss_o - loss_p) < 1e-2
+    for n, w in want.items():
+        assert rel_err(ours[n], w) <= 1.5 * rel_err(plain[n], w) + 2e-3, n
+    _, _, eager_ops = step_grads(model, x, y, mode=True, compiled=False)
+    assert "vitlab::mm_rowmajor" not in eager_ops  # eager keeps autograd's linear (no gain there)
+
+
+def test_inference_and_fp32_pass_through(amx):
+    model = tiny_vit().eval()
+    x = torch.randn(2, 3, 16, 16)
+    net = torch.compile(model, fullgraph=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16), rowmajor_weight_grads("cpu", "bf16"):
+        got = net(x)
+    with torch.no_grad(), torch.autocast("cpu", dtype=BF16):
+        want = model(x)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
