@@ -91,7 +91,7 @@ def test_mm_rowmajor_is_differentiable():
 @pytest.fixture
 def amx(monkeypatch):
     """An AMX host whose kernels are not held to a lesser ISA (the suite may run anywhere)."""
-    for var in cpu.EMULATION_VARS:
+    for var in (*cpu.EMULATION_VARS, linear.ENV):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(linear, "cpu_has_amx", lambda: True)
 
@@ -106,6 +106,20 @@ def test_wanted_only_for_bf16_on_amx(amx, monkeypatch):
     monkeypatch.setattr(linear, "cpu_has_amx", lambda: False)  # AVX-512 bf16 (Zen 4) or AVX2: layout did not matter
     assert not rowmajor_wanted("cpu", "bf16")
     assert isinstance(rowmajor_weight_grads("cpu", "bf16"), type(rowmajor_weight_grads("cpu", "fp32")))
+
+
+@pytest.mark.parametrize("amx_here", [True, False])
+def test_environment_overrides_the_cpu_rule(amx, monkeypatch, amx_here):
+    monkeypatch.setattr(linear, "cpu_has_amx", lambda: amx_here)
+    monkeypatch.setenv(linear.ENV, "on")
+    assert rowmajor_wanted("cpu", "bf16") and not rowmajor_wanted("cpu", "fp32")  # bf16 still required
+    monkeypatch.setenv(linear.ENV, "OFF")
+    assert not rowmajor_wanted("cpu", "bf16")
+    monkeypatch.setenv(linear.ENV, "")
+    assert rowmajor_wanted("cpu", "bf16") == amx_here
+    monkeypatch.setenv(linear.ENV, "yes")
+    with pytest.raises(ValueError, match="VITLAB_ROWMAJOR_GRADS='yes' is not one of auto, on, off"):
+        rowmajor_wanted("cpu", "bf16")
 
 
 def tiny_vit() -> VisionTransformer:

@@ -14,11 +14,15 @@ GEMMs with fp32 accumulation as autocast's; only operand layouts differ. Without
 the layout did not matter (ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16: within noise) and the context does nothing.
 It acts only while torch.compile traces: eager, the transposed copies (torch's own transpose) cost what the GEMMs
 save (ViT-S/16 eager: 0.99x), so eager steps keep autograd's linear as it is.
+
+`VITLAB_ROWMAJOR_GRADS` overrides the choice: `auto` (the default: AMX only), `on` (any CPU, bf16; e.g. to measure
+it on an AVX-512 bf16 host such as Zen 4, where it has not been measured), `off`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
@@ -104,12 +108,21 @@ class _RowMajorMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+ENV = "VITLAB_ROWMAJOR_GRADS"
+CHOICES = ("auto", "on", "off")
+
+
 def rowmajor_wanted(device: torch.device | str, precision: str) -> bool:
     """Whether `rowmajor_weight_grads` acts: bf16 ("auto" as `resolve_precision` says) on a CPU with AMX whose
-    kernels are not held to a lesser ISA (`kernel_emulation`)."""
+    kernels are not held to a lesser ISA (`kernel_emulation`); `VITLAB_ROWMAJOR_GRADS=on|off` overrides the AMX
+    condition (a CPU and bf16 stay required)."""
+    choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r} is not one of {', '.join(CHOICES)}")
     device = torch.device(device)
-    return (device.type == "cpu" and resolve_precision(precision, device) == "bf16" and cpu_has_amx()
-            and not kernel_emulation())
+    if choice == "off" or device.type != "cpu" or resolve_precision(precision, device) != "bf16":
+        return False
+    return choice == "on" or (cpu_has_amx() and not kernel_emulation())
 
 
 def rowmajor_weight_grads(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:
