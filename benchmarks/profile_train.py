@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/profile_train.py -o benchmarks/results/profile_train.txt
     .venv/bin/python benchmarks/profile_train.py --only vit_s16 --batch 32 -o ...
+    .venv/bin/python benchmarks/profile_train.py --only vit_s16 --precisions bf16 --compile --threads 1 -o ...
 
 Workloads: ViT-S/16 at 224 px (1000 classes) and the Fashion-MNIST recipes (fmnist_hybrid.yaml and the demo's
 demo_pretrain.yaml); each one's full `train_step` (forward, backward, clipping, fused AdamW) on a fixed random
@@ -42,27 +43,36 @@ def workloads(batch: int | None) -> dict[str, tuple[Recipe, int]]:
     return out
 
 
-def profile_step(recipe: Recipe, classes: int, precision: str, reps: int) -> str:
+def profile_step(recipe: Recipe, classes: int, precision: str, reps: int, compiled: bool = False) -> str:
     cfg = recipe.model.vit_config(num_classes=classes)
     model = build_model(recipe, num_classes=classes)
     opt = build_optimizer(model, recipe.optim)
+    net = torch.compile(model) if compiled else model
     g = torch.Generator().manual_seed(0)
     b = recipe.train.batch_size
     batch = [(torch.randn(b, cfg.in_chans, cfg.img_size, cfg.img_size, generator=g),
               torch.randint(0, classes, (b,), generator=g))]
 
     def step() -> None:
-        train_step(model, opt, batch, lr=1e-4, device=torch.device("cpu"), precision=precision,
+        train_step(net, opt, batch, lr=1e-4, device=torch.device("cpu"), precision=precision,
                    clip_grad_norm=recipe.optim.clip_grad_norm)
 
-    step()  # warm-up: allocator, oneDNN primitives
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(3 if compiled else 1):  # warm-up: compilation, allocator, oneDNN primitives
+        step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=compiled) as prof:
         for _ in range(reps):
             step()
-    total = sum(e.self_cpu_time_total for e in prof.key_averages()) / reps / 1e3
+    events = prof.key_averages(group_by_input_shape=compiled)
+    total = sum(e.self_cpu_time_total for e in events) / reps / 1e3
     head = f"{b} images/step, {total:.0f} ms of self CPU time per step"
-    return head + "\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=ROWS,
-                                                   max_name_column_width=44)
+    if not compiled:
+        return head + "\n" + events.table(sort_by="self_cpu_time_total", row_limit=ROWS, max_name_column_width=44)
+    # compiled: Inductor's fused kernels by name, GEMMs by shape; ms per step
+    rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:3 * ROWS]
+    lines = [f"{'ms/step':>8} {'calls':>5}  {'name':<64} input shapes"]
+    lines += [f"{e.self_cpu_time_total / reps / 1e3:8.1f} {e.count // reps:5d}  {e.key[:64]:<64} "
+              f"{str(e.input_shapes)[:60] if e.input_shapes and any(e.input_shapes) else ''}" for e in rows]
+    return head + "\n" + "\n".join(lines)
 
 
 def main() -> None:
@@ -72,16 +82,23 @@ def main() -> None:
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor's kernels named)")
     p.add_argument("-o", "--output", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compile:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True  # each fused kernel a named profiler event
     parts = [f"Host: {machine_key()}; load average {os.getloadavg()[0]:.1f} at the start"]
     for name, (recipe, classes) in workloads(args.batch).items():
         if args.only and name not in args.only:
             continue
         for precision in args.precisions:
-            text = profile_step(recipe, classes, precision, args.reps)
-            parts.append(f"== {name}, {precision} (load {os.getloadavg()[0]:.1f}) ==\n{text}")
+            text = profile_step(recipe, classes, precision, args.reps, args.compile)
+            rowmajor = os.environ.get("VITLAB_ROWMAJOR_GRADS", "auto")
+            what = f"{precision}, compiled, VITLAB_ROWMAJOR_GRADS={rowmajor}" if args.compile else precision
+            parts.append(f"== {name}, {what} (load {os.getloadavg()[0]:.1f}) ==\n{text}")
             print(parts[-1], flush=True)
     if args.output:
         Path(args.output).write_text("\n\n".join(parts) + "\n")
