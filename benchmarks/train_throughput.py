@@ -13,6 +13,9 @@ fused AdamW (`vitlab.train.optim`), torch.compile when the recipe sets it. The b
 bf16 autocast (eager; for fmnist each with the DataLoader in-process and with worker processes); the fastest of
 these plain loops is the baseline of the ratio. Optionally (`--compiled-baseline`) timm with bf16 autocast under
 torch.compile, a stronger reference than the target asks for, gets its own ratio line.
+`--tuned-baseline` adds the strongest timm loop we know how to assemble from timm's and torch's own switches (bf16
+autocast, timm's explicit attention instead of the CPU flash kernel (`fused_attn = False`), fused AdamW,
+torch.compile): what is left of the ratio against it is vitlab's own (row-major weight gradients on AMX).
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
 src/vitlab/perf/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed
@@ -143,9 +146,10 @@ def timm_model(cfg, num_classes: int = 10) -> torch.nn.Module:
 
 
 def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precision: str = "fp32",
-              compile: bool = False, preset: str = "fmnist"):
+              compile: str = "", preset: str = "fmnist"):
     """The standard loop: timm VisionTransformer, torchvision dataset + v2 transforms, DataLoader, AdamW; fp32, or
-    bf16 autocast (weights fp32) as a user would add it; optionally torch.compile'd (not a plain loop any more).
+    bf16 autocast (weights fp32) as a user would add it; optionally (`compile`: "compile" or "tuned", see
+    `_timm_loop`) torch.compile'd, not a plain loop any more.
     For the vit_s16 preset the same fixed random batches as vitlab's side instead of a dataset."""
     num_classes = NUM_CLASSES[preset]
     cfg = recipe.model.vit_config(num_classes=num_classes)
@@ -173,10 +177,17 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precisi
     return _timm_loop(recipe, steps_per_round, lambda: iter(loader), cfg, num_classes, precision, compile)
 
 
-def _timm_loop(recipe, steps_per_round: int, make_iter, cfg, num_classes: int, precision: str, compile: bool):
-    """The plain training loop of a timm user (AdamW with torch's default implementation, clipping)."""
+def _timm_loop(recipe, steps_per_round: int, make_iter, cfg, num_classes: int, precision: str, compile: str):
+    """The plain training loop of a timm user (AdamW with torch's default implementation, clipping); `compile`:
+    "" eager, "compile" torch.compile, "tuned" also timm's explicit attention and fused AdamW."""
     model = timm_model(cfg, num_classes)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay)
+    tuned = compile == "tuned"
+    if tuned:
+        for m in model.modules():
+            if hasattr(m, "fused_attn"):
+                m.fused_attn = False  # timm's explicit softmax(QK^T)V (as TIMM_FUSED_ATTN=0 would set)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.optim.lr, weight_decay=recipe.optim.weight_decay,
+                            **({"fused": True} if tuned else {}))
     net = torch.compile(model) if compile else model
     it = make_iter()
 
@@ -202,17 +213,21 @@ def _timm_loop(recipe, steps_per_round: int, make_iter, cfg, num_classes: int, p
     return run
 
 
-def baseline_variants(workers: int, preset: str, compiled: bool) -> list[tuple[str, int, str, bool]]:
-    """(row label, DataLoader workers, precision, torch.compile) of each baseline loop. The eager rows are the
-    plain loop the target is set against; the compiled row is a stronger reference, reported beside it."""
+def baseline_variants(workers: int, preset: str, compiled: bool, tuned: bool = False
+                      ) -> list[tuple[str, int, str, str]]:
+    """(row label, DataLoader workers, precision, compile kind) of each baseline loop. The eager rows (kind "") are
+    the plain loop the target is set against; the compiled and tuned rows are stronger references, beside it."""
     rows = []
     source = "torchvision DataLoader" if preset == "fmnist" else "fixed random batches"
     for precision, what in (("fp32", "fp32"), ("bf16", "bf16 autocast")):
         for w in (sorted({0, workers}) if preset == "fmnist" else (0,)):
-            rows.append((f"timm + {source} ({what}, num_workers={w})", w, precision, False))
+            rows.append((f"timm + {source} ({what}, num_workers={w})", w, precision, ""))
+    w = workers if preset == "fmnist" else 0
     if compiled:
-        w = workers if preset == "fmnist" else 0
-        rows.append((f"timm + {source} (bf16 autocast, torch.compile, num_workers={w})", w, "bf16", True))
+        rows.append((f"timm + {source} (bf16 autocast, torch.compile, num_workers={w})", w, "bf16", "compile"))
+    if tuned:
+        rows.append((f"timm tuned + {source} (bf16 autocast, explicit attention, fused AdamW, torch.compile, "
+                     f"num_workers={w})", w, "bf16", "tuned"))
     return rows
 
 
@@ -225,13 +240,13 @@ def make_recipe(preset: str, config: str, overrides: list[str]):
 
 
 def _baseline_process(conn, preset: str, config: str, overrides: list[str], steps: int, workers: int, threads: int,
-                      root: str, compiled: bool) -> None:
+                      root: str, compiled: bool, tuned: bool) -> None:
     """The baselines' own process: build both loops, then run a round whenever the parent asks for one."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     recipe = make_recipe(preset, config, overrides)
     sides = [timm_side(recipe, steps, w, root, precision, c, preset) for _, w, precision, c in
-             baseline_variants(workers, preset, compiled)]
+             baseline_variants(workers, preset, compiled, tuned)]
     conn.send("ready")
     while (msg := conn.recv()) is not None:
         conn.send(sides[msg]())
@@ -247,6 +262,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the baseline's second variant")
     p.add_argument("--compiled-baseline", action="store_true", help="also timm + bf16 autocast + torch.compile")
+    p.add_argument("--tuned-baseline", action="store_true",
+                   help="also timm + bf16 autocast + explicit attention + fused AdamW + torch.compile")
     p.add_argument("-o", "--output", default=None, help="write the table (Markdown) and a .json beside it")
     args = p.parse_args()
     import logging
@@ -264,7 +281,7 @@ def main() -> None:
     conn, child_conn = mp.get_context("spawn").Pipe()
     child = mp.get_context("spawn").Process(target=_baseline_process, args=(
         child_conn, args.preset, args.config, args.overrides, args.steps, args.workers, args.threads, root,
-        args.compiled_baseline))
+        args.compiled_baseline, args.tuned_baseline))
     child.start()
     ours, chosen = vitlab_side(recipe, args.steps, args.preset)  # measures `auto` while the child builds
     if conn.recv() != "ready":
@@ -279,12 +296,13 @@ def main() -> None:
     allocator = "tuned allocator" if keep_freed_memory() else "default allocator"
     compile_note = ", torch.compile" if recipe.train.compile else ""
     data_note = "in-memory batch augmentation" if args.preset == "fmnist" else "fixed random batches"
-    variants = baseline_variants(args.workers, args.preset, args.compiled_baseline)
+    variants = baseline_variants(args.workers, args.preset, args.compiled_baseline, args.tuned_baseline)
     ours_label = (f"vitlab ({recipe.train.precision} -> {chosen}{compile_note}, fused AdamW, {data_note}, "
                   f"{allocator})")
     sides = {ours_label: ours, **{label: remote(i) for i, (label, *_) in enumerate(variants)}}
     plain = [label for label, _, _, c in variants if not c]
-    compiled = [label for label, _, _, c in variants if c]
+    compiled = [label for label, _, _, c in variants if c == "compile"]
+    tuned = [label for label, _, _, c in variants if c == "tuned"]
     for run in sides.values():  # warm-up round (compilation), not counted
         run()
     results: dict[str, list[float]] = {name: [] for name in sides}
@@ -322,6 +340,10 @@ def main() -> None:
                   f"(medians); per round: {', '.join(f'{x:.2f}' for x in per_round)}"]
     if compiled:
         lines.append(f"vitlab / timm loop with bf16 autocast and torch.compile: {ours_med / med[compiled[0]]:.2f}x")
+    if tuned:
+        per = [results[ours_label][i] / results[tuned[0]][i] for i in range(args.rounds)]
+        lines.append(f"vitlab / tuned timm loop (bf16, explicit attention, fused AdamW, torch.compile): "
+                     f"{ours_med / med[tuned[0]]:.2f}x; per round: {', '.join(f'{x:.2f}' for x in per)}")
     text = "\n".join(lines)
     print(text)
     if args.output:
@@ -331,7 +353,8 @@ def main() -> None:
         out.with_suffix(".json").write_text(json.dumps({
             "host": _cpu(), "loadavg_per_round": loads, "median": med, "rounds": results, "precision": chosen,
             "ratio": ours_med / baseline, "ratio_per_round": per_round,
-            **({"ratio_vs_compiled": ours_med / med[compiled[0]]} if compiled else {})}, indent=2))
+            **({"ratio_vs_compiled": ours_med / med[compiled[0]]} if compiled else {}),
+            **({"ratio_vs_tuned": ours_med / med[tuned[0]]} if tuned else {})}, indent=2))
     if root:
         shutil.rmtree(root, ignore_errors=True)
 
