@@ -107,7 +107,7 @@ def test_choose_follows_the_measurement_and_caches_it(tuned, seconds, expected, 
 @pytest.mark.parametrize("amx", [True, False])
 def test_off_keeps_the_cpu_flag_rule(monkeypatch, amx):
     monkeypatch.setenv("VITLAB_AUTOTUNE", "off")
-    monkeypatch.setattr(precision, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(cpu, "cpu_has_amx", lambda: amx)
     for var in cpu.EMULATION_VARS:
         monkeypatch.delenv(var, raising=False)
     ran = []
@@ -141,7 +141,7 @@ def test_kernel_emulation_takes_fp32_without_measuring(tuned, monkeypatch, caplo
     an AVX2 host would: neither the rule nor a measurement may pick it."""
     monkeypatch.setenv("VITLAB_AUTOTUNE", autotune_mode)
     monkeypatch.setattr(cpu, "cpu_flags", lambda *a: frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}))
-    monkeypatch.setattr(precision, "cpu_has_amx", lambda: True)
+    monkeypatch.setattr(cpu, "cpu_has_amx", lambda: True)
     assert precision.rule_precision("cpu") == "bf16"  # the real host's rule
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     monkeypatch.setattr(precision, "time_interleaved", lambda *a, **kw: pytest.fail("bf16 measured under emulation"))

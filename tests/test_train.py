@@ -86,7 +86,7 @@ def test_auto_precision_is_bf16_only_where_it_is_fast(tmp_path, monkeypatch):
     for var in cpu.EMULATION_VARS:  # a plain host (under kernel emulation the rule is fp32: test_precision.py)
         monkeypatch.delenv(var, raising=False)
     for has_amx, expect in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(precision, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
+        monkeypatch.setattr(cpu, "cpu_has_amx", lambda has_amx=has_amx: has_amx)
         assert precision.resolve_precision("auto", "cpu") == expect
         assert precision.resolve_precision("fp32", "cpu") == "fp32"
         assert precision.resolve_precision("bf16", "cpu") == "bf16"

@@ -90,6 +90,12 @@ def bf16_kernels() -> bool:
     return bool(native_bf16()) and not kernel_emulation()
 
 
+def amx_kernels() -> bool:
+    """Whether AMX tiles run in this process: the CPU has them (`cpu_has_amx`) and no kernel-emulation variable
+    (`kernel_emulation`) holds torch / oneDNN to a lesser CPU's kernels."""
+    return cpu_has_amx() and not kernel_emulation()
+
+
 def native_int8(flags: Collection[str] | None = None) -> bool | None:
     """Whether the CPU accumulates int8 products in int32 natively (amx_int8, avx512_vnni or avx_vnni); None when
     its flags are unknown. Without them x86 int8 GEMMs use VPMADDUBSW (u8 x s8 pairs summed in int16)."""

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .cpu import cpu_has_amx, kernel_emulation
+from .cpu import amx_kernels
 from .precision import resolve_precision
 
 
@@ -113,16 +113,16 @@ CHOICES = ("auto", "on", "off")
 
 
 def rowmajor_wanted(device: torch.device | str, precision: str) -> bool:
-    """Whether `rowmajor_weight_grads` acts: bf16 ("auto" as `resolve_precision` says) on a CPU with AMX whose
-    kernels are not held to a lesser ISA (`kernel_emulation`); `VITLAB_ROWMAJOR_GRADS=on|off` overrides the AMX
-    condition (a CPU and bf16 stay required)."""
+    """Whether `rowmajor_weight_grads` acts: bf16 ("auto" as `resolve_precision` says) on a CPU whose AMX tiles
+    run in this process (`vitlab.perf.cpu.amx_kernels`); `VITLAB_ROWMAJOR_GRADS=on|off` overrides the AMX condition
+    (a CPU and bf16 stay required)."""
     choice = os.environ.get(ENV, "auto").strip().lower() or "auto"
     if choice not in CHOICES:
         raise ValueError(f"{ENV}={os.environ[ENV]!r} is not one of {', '.join(CHOICES)}")
     device = torch.device(device)
     if choice == "off" or device.type != "cpu" or resolve_precision(precision, device) != "bf16":
         return False
-    return choice == "on" or (cpu_has_amx() and not kernel_emulation())
+    return choice == "on" or amx_kernels()
 
 
 def rowmajor_weight_grads(device: torch.device | str, precision: str) -> contextlib.AbstractContextManager:

@@ -33,6 +33,7 @@ from .cpu import (  # noqa: F401  (BF16_FLAGS ... native_int8: re-exported, the 
     EMULATION_VARS,
     HOST_CLASSES,
     INT8_FLAGS,
+    amx_kernels,
     cpu_flags,
     cpu_has_amx,
     cpu_model,
@@ -65,7 +66,7 @@ def rule_precision(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device.type == "cpu" and cpu_has_amx() and not kernel_emulation() else "fp32"
+    return "bf16" if device.type == "cpu" and amx_kernels() else "fp32"
 
 
 def resolve_precision(precision: str, device: torch.device | str) -> str:
