@@ -8,9 +8,11 @@ the command line. The model is read through its public API only (`embed`, `block
 
 from .attention import (
     AttentionAnalysis,
+    BatchReduction,
     analyze_attention,
     attention_rollout,
     iter_attention,
+    iter_blocks,
     mean_attention_distance,
     patch_distances,
     reduce_batch,
@@ -29,12 +31,15 @@ from .inputs import (
     split_features,
 )
 from .posembed_sim import pos_embed_similarity, position_embedding_grid, similarity_by_distance
+from .tokens import TokenStats, layer_token_stats, token_layout
 
 __all__ = [
     "AttentionAnalysis",
+    "BatchReduction",
     "FewShotResult",
     "FilterPCA",
     "RidgeClassifier",
+    "TokenStats",
     "analysis_preprocess",
     "analyze_attention",
     "attention_rollout",
@@ -47,6 +52,8 @@ __all__ = [
     "filter_pca",
     "fit_ridge",
     "iter_attention",
+    "iter_blocks",
+    "layer_token_stats",
     "load_checkpoint",
     "load_inputs",
     "mean_attention_distance",
@@ -58,6 +65,7 @@ __all__ = [
     "rollout_step",
     "similarity_by_distance",
     "split_features",
+    "token_layout",
     "token_maps",
     "upsample_maps",
 ]

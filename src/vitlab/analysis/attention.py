@@ -12,18 +12,24 @@ Choices, stated:
   Euclidean between patch centres, in pixels of the model's input (grid steps times P).
 - Rollout (Abnar & Zuidema 2020): average the heads, add the identity for the residual, renormalise each
   row, multiply the layers from the first to the last. The map of an image is the class token's row over
-  the patches, or for models without a class token the mean of the patch queries' rows.
+  the patches, or for models without a class token the mean of the patch queries' rows; a distilled model
+  (DeiT) also gets the distillation token's row.
+- Prefix tokens ([class][distillation][registers], `model.num_prefix_tokens` of them) are never patches: the
+  distance and the maps read the patch columns only, whatever the count; what the prefix tokens do is
+  measured on its own (`vitlab.analysis.tokens`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..models.vit import VisionTransformer
+from .tokens import TokenStats, layer_token_stats, query_row, summarize_token_stats
 
 
 # -- closed-form pieces --------------------------------------------------------------------------------
@@ -95,22 +101,40 @@ def attention_rollout(attns: Iterable[torch.Tensor]) -> torch.Tensor:
     return result
 
 
-def token_maps(rows: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+def token_maps(rows: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int,
+               query: int | None = 0) -> torch.Tensor:
     """What the model's output reads from each patch, as images over the grid.
 
     Args:
         rows: (..., T, T) attention or rollout matrices.
         grid: (gh, gw).
-        num_prefix_tokens: 1 with a class token (its row is used), 0 without (mean of the patch rows).
+        num_prefix_tokens: Tokens before the patches (class, distillation, registers).
+        query: The row to read (0: the class token, 1: a DeiT model's distillation token), or None for the mean
+            of the patch queries' rows (models without a class token). Without prefix tokens it is always the
+            mean of the patch rows.
 
     Returns:
         (..., gh, gw): weights on the patch keys (not renormalised).
     """
-    q = rows[..., 0, :] if num_prefix_tokens else rows.mean(-2)  # (..., T)
+    if num_prefix_tokens and query is not None:
+        q = rows[..., query, :]  # (..., T)
+    else:
+        q = rows[..., num_prefix_tokens:, :].mean(-2)  # (..., T): mean of the patch queries
     return q[..., num_prefix_tokens:].reshape(*q.shape[:-1], *grid)
 
 
 # -- walking a model one layer at a time -----------------------------------------------------------------
+def iter_blocks(model: VisionTransformer, images: torch.Tensor
+                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Run the encoder on `images`, yielding (layer index, (B, T, D) block output, (B, heads, T, T) attention)
+    one block at a time (the block output is the residual stream, before the final LayerNorm)."""
+    x, _ = model.embed(images)  # (B, prefix + N, D): Eq. 1
+    for i, block in enumerate(model.blocks):
+        x, attn = block(x, return_attn=True)
+        assert attn is not None
+        yield i, x, attn
+
+
 def iter_attention(model: VisionTransformer, images: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
     """Run the encoder on `images`, yielding (layer index, (B, heads, T, T) attention) one block at a time.
 
@@ -118,36 +142,53 @@ def iter_attention(model: VisionTransformer, images: torch.Tensor) -> Iterator[t
     map before asking for the next so that only one layer is held. Uses the model's own blocks, so the result
     equals `model.forward_attention(images)`'s maps.
     """
-    x, _ = model.embed(images)  # (B, prefix + N, D): Eq. 1
-    for i, block in enumerate(model.blocks):
-        x, attn = block(x, return_attn=True)
+    for i, _, attn in iter_blocks(model, images):
         yield i, attn
+
+
+class BatchReduction(NamedTuple):
+    """What `reduce_batch` keeps of one batch (CPU tensors owning their memory).
+
+    Attributes:
+        distance: (b, L, heads) mean attention distance.
+        rollout: (b, gh, gw) rollout maps of the class token (mean patch query without one).
+        layer_maps: {layer: (b, heads, gh, gw)} single-layer maps of the kept layers.
+        rollout_dist: (b, gh, gw) rollout maps of the distillation token (DeiT), else None.
+        tokens: Per-layer token statistics (`vitlab.analysis.tokens.layer_token_stats`), each (b, L).
+    """
+
+    distance: torch.Tensor
+    rollout: torch.Tensor
+    layer_maps: dict[int, torch.Tensor]
+    rollout_dist: torch.Tensor | None
+    tokens: dict[str, torch.Tensor]
 
 
 @torch.no_grad()
 def reduce_batch(
     model: VisionTransformer, batch: torch.Tensor, grid: tuple[int, int], keep_layers: Iterable[int] = ()
-) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-    """One batch through the encoder, each layer's attention reduced as soon as it exists.
-
-    Returns:
-        (b, L, heads) mean attention distance, (b, gh, gw) rollout maps, and {layer: (b, heads, gh, gw)}
-        maps of `keep_layers`; all on the CPU and owning their memory (no views into attention tensors).
-    """
+) -> BatchReduction:
+    """One batch through the encoder, each layer's attention reduced as soon as it exists (see `BatchReduction`)."""
     prefix, P = model.num_prefix_tokens, model.patch_embed.pixel_patch
+    query = query_row(model.cfg)
     keep = set(keep_layers)
     per_layer = torch.empty(batch.shape[0], len(model.blocks), model.cfg.num_heads, dtype=torch.float64)
     rollout, kept = None, {}
-    for i, attn in iter_attention(model, batch):
+    stats: dict[str, list[torch.Tensor]] = {}
+    for i, x, attn in iter_blocks(model, batch):
         per_layer[:, i] = mean_attention_distance(attn, grid, P, prefix).cpu()
         rollout = rollout_step(rollout, attn)  # (b, T, T)
+        for name, value in layer_token_stats(x, attn, model.cfg).items():
+            stats.setdefault(name, []).append(value.cpu())
         if i in keep:
             # clone: a view would keep this layer's whole (b, heads, T, T) tensor alive
-            kept[i] = token_maps(attn, grid, prefix).float().cpu().clone()  # (b, heads, gh, gw)
-        del attn  # one layer at a time
+            kept[i] = token_maps(attn, grid, prefix, query).float().cpu().clone()  # (b, heads, gh, gw)
+        del attn, x  # one layer at a time
     if rollout is None:
         raise ValueError("the model has no layers")
-    return per_layer, token_maps(rollout, grid, prefix).float().cpu().clone(), kept  # rollout maps: (b, gh, gw)
+    dist = token_maps(rollout, grid, prefix, 1).float().cpu().clone() if model.cfg.distilled else None
+    return BatchReduction(per_layer, token_maps(rollout, grid, prefix, query).float().cpu().clone(), kept, dist,
+                          {k: torch.stack(v, 1) for k, v in stats.items()})
 
 
 @dataclass
@@ -158,6 +199,9 @@ class AttentionAnalysis:
         mean_distance: (L, heads) mean attention distance in pixels, averaged over images and patch queries.
         distance_per_image: (n, L, heads) the same before averaging over images.
         rollout: (n, gh, gw) rollout map of each image (class-token row, or mean patch row for gap models).
+        rollout_dist: (n, gh, gw) the distillation token's rollout map of a DeiT model, else None.
+        tokens: What the prefix tokens do, per layer: the query's attention to class / distillation / registers /
+            patches, token norms and high-norm patch tokens, attention entropy (`vitlab.analysis.tokens`).
         layer_maps: layer -> (n, heads, gh, gw) single-layer, single-head maps of the asked-for layers.
         grid: (gh, gw) patch grid of the analysed images.
         patch_size: P.
@@ -171,6 +215,8 @@ class AttentionAnalysis:
     patch_size: int
     uniform_distance: float
     layer_maps: dict[int, np.ndarray] = field(default_factory=dict)
+    rollout_dist: np.ndarray | None = None
+    tokens: TokenStats | None = None
 
 
 @torch.no_grad()
@@ -196,7 +242,7 @@ def analyze_attention(
     batches = images.split(batch_size) if isinstance(images, torch.Tensor) else images
     was_training = model.training
     model.eval()
-    dists, rolls = [], []
+    dists, rolls, dist_rolls, stats = [], [], [], []
     maps: dict[int, list[torch.Tensor]] = {i: [] for i in wanted}
     grid: tuple[int, int] | None = None
     try:
@@ -208,11 +254,14 @@ def analyze_attention(
             if grid is not None and this_grid != grid:
                 raise ValueError(f"all images must share one size; got grids {grid} and {this_grid}")
             grid = this_grid
-            per_layer, roll, kept = reduce_batch(model, batch, grid, wanted)
-            dists.append(per_layer)
-            rolls.append(roll)
+            r = reduce_batch(model, batch, grid, wanted)
+            dists.append(r.distance)
+            rolls.append(r.rollout)
+            if r.rollout_dist is not None:
+                dist_rolls.append(r.rollout_dist)
+            stats.append(r.tokens)
             for i in wanted:
-                maps[i].append(kept[i])
+                maps[i].append(r.layer_maps[i])
     finally:
         model.train(was_training)
     if grid is None:
@@ -227,6 +276,8 @@ def analyze_attention(
         grid=grid,
         patch_size=P,
         uniform_distance=uniform,
+        rollout_dist=torch.cat(dist_rolls).numpy() if dist_rolls else None,
+        tokens=summarize_token_stats(stats, model.cfg, grid),
     )
 
 

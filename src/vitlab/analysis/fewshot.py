@@ -26,21 +26,41 @@ DEFAULT_L2 = 2.0**10  # big_vision's few-shot configs
 DEFAULT_SHOTS = (1, 5, 10, 25)  # the paper's shots
 
 
+FEATURES = ("pre_logits", "probe")
+
+
+def probe_features(model: VisionTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    """DINOv2's linear-probe features (Oquab et al. 2023, Sec. 7: "the class token concatenated with the average
+    of the patch tokens") of the final tokens `forward_features` returns: (B, prefix + N, D) -> (B, 2D). Prefix
+    tokens other than the class token (distillation, registers) are left out of the mean. A model without a class
+    token gives its pooled features (`forward_head(pre_logits=True)`: the mean, or SigLIP's MAP head) instead."""
+    if not model.cfg.class_token:
+        return model.forward_head(tokens, pre_logits=True)
+    return torch.cat([tokens[:, 0], tokens[:, model.num_prefix_tokens :].mean(1)], dim=-1)
+
+
 @torch.no_grad()
 def extract_features(
-    model: VisionTransformer | ResNetV2, batches: Iterable, device: torch.device | str | None = None
+    model: VisionTransformer | ResNetV2, batches: Iterable, device: torch.device | str | None = None,
+    features: str = "pre_logits",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Frozen pre-logits features (`forward_head(pre_logits=True)`) and labels of every batch: a ViT's pre-logits,
-    a BiT ResNet's globally pooled features (`ResNetV2.embed_features`).
+    """Frozen features and labels of every batch: "pre_logits" (`forward_head(pre_logits=True)`: a ViT's
+    pre-logits, a BiT ResNet's globally pooled features, `ResNetV2.embed_features`) or "probe" (a ViT's
+    `probe_features`, DINOv2's linear-probe input).
 
     Args:
         model: The model (evaluated in eval mode; its mode is restored afterwards).
         batches: Iterable of (images (B, C, H, W), labels (B,)) pairs.
         device: Where to run; defaults to the model's device.
+        features: "pre_logits" or "probe".
 
     Returns:
         (n, F) float32 features and (n,) int64 labels.
     """
+    if features not in FEATURES:
+        raise ValueError(f"features must be one of {FEATURES}, got {features!r}")
+    if features == "probe" and not isinstance(model, VisionTransformer):
+        raise ValueError("probe features (class token + mean patch token) need a ViT; use features='pre_logits'")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -48,7 +68,12 @@ def extract_features(
     try:
         for batch in batches:
             images, y = batch[0], batch[1]
-            f = model.forward_head(model.forward_features(images.to(device)), pre_logits=True)  # (B, F)
+            tokens = model.forward_features(images.to(device))
+            if features == "probe":
+                assert isinstance(model, VisionTransformer)
+                f = probe_features(model, tokens)  # (B, 2D)
+            else:
+                f = model.forward_head(tokens, pre_logits=True)  # (B, F)
             feats.append(f.float().cpu())
             labels.append(torch.as_tensor(y).long().cpu())
     finally:

@@ -12,7 +12,14 @@ from typing import Any
 import numpy as np
 
 from .findings import AnalysisResult
-from .plots import plot_attention_distance, plot_filters, plot_layer_maps, plot_pos_similarity, plot_rollout
+from .plots import (
+    plot_attention_distance,
+    plot_filters,
+    plot_layer_maps,
+    plot_pos_similarity,
+    plot_rollout,
+    plot_token_stats,
+)
 from .posembed_sim import similarity_by_distance
 
 
@@ -37,7 +44,7 @@ class Section:
 
 def sections(result: AnalysisResult) -> list[Section]:
     """Every figure `result` has, drawn, in the page's order: filters, position embeddings, attention distance,
-    rollout, then the per-layer maps."""
+    rollout (and the distillation token's for a DeiT model), the prefix tokens, then the per-layer maps."""
     att = result.attention
     out: list[Section] = []
     if result.filters is not None:
@@ -59,7 +66,8 @@ def sections(result: AnalysisResult) -> list[Section]:
              **similarity_by_distance(result.pos_similarity)}))
     out.append(Section(
         "attention_distance", "Mean attention distance (Fig. 7 right)",
-        f"Attention-weighted mean pixel distance between patch queries and patch keys (class token left out), "
+        f"Attention-weighted mean pixel distance between patch queries and patch keys (the "
+        f"{_prefix_words(result.config)} left out), "
         f"averaged over {len(result.images)} images; dashed: uniform attention ({att.uniform_distance:.1f} px).",
         _png(plot_attention_distance(att.mean_distance, att.uniform_distance)),
         {"mean_distance": _tolist(att.mean_distance), "std_over_images": _tolist(att.distance_per_image.std(0)),
@@ -74,6 +82,22 @@ def sections(result: AnalysisResult) -> list[Section]:
            "mean over the patch queries (no class token)."),
         _png(plot_rollout(result.images, att.rollout)),
         {"maps": _tolist(att.rollout), "shape": "(n, gh, gw)", "grid": list(att.grid)}))
+    if att.rollout_dist is not None:
+        out.append(Section(
+            "attention_rollout_distillation", "Attention rollout of the distillation token (DeiT)",
+            "The same rollout read from the distillation token's row: what the head trained on the teacher's "
+            "labels reads from each patch.",
+            _png(plot_rollout(result.images, att.rollout_dist)),
+            {"maps": _tolist(att.rollout_dist), "shape": "(n, gh, gw)", "grid": list(att.grid)}))
+    if att.tokens is not None:
+        t = att.tokens
+        out.append(Section(
+            "prefix_tokens", "Prefix tokens: class, distillation, registers vs patches",
+            f"Per layer: how the {t.query}'s attention (heads averaged) splits over the kinds of key, and the mean "
+            f"output norm of each kind of token; dashed: the share of patch tokens whose norm exceeds "
+            f"{t.outlier_factor:g}x the median patch norm (the high-norm artifact tokens registers absorb, Darcet et "
+            f"al. 2024). Last layer: largest patch norm {t.max_norm_ratio[-1]:.2f}x the median.",
+            _png(plot_token_stats(t)), t.to_dict()))
     for i in sorted(att.layer_maps):
         out.append(Section(
             f"attention_layer{i + 1}", f"Layer {i + 1}, each head",
@@ -81,6 +105,16 @@ def sections(result: AnalysisResult) -> list[Section]:
             _png(plot_layer_maps(result.images, att.layer_maps[i], i)),
             {"maps": _tolist(att.layer_maps[i]), "shape": "(n, heads, gh, gw)", "layer": i}))
     return out
+
+
+def _prefix_words(cfg: dict[str, Any]) -> str:
+    """"class token", "class and distillation tokens and 4 registers", ... for a config dict."""
+    parts = [w for w, on in (("class", cfg.get("class_token")), ("distillation", cfg.get("distilled"))) if on]
+    words = " and ".join(parts) + (" token" + ("s" if len(parts) > 1 else "") if parts else "")
+    reg = int(cfg.get("reg_tokens") or 0)
+    if reg:
+        words = f"{words} and {reg} registers" if words else f"{reg} registers"
+    return words or "no prefix tokens"
 
 
 def _png(fig) -> bytes:

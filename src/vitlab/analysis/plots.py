@@ -1,5 +1,6 @@
 """The paper's figures, drawn from `vitlab.analysis` arrays: Fig. 7 left (filters), centre (position-embedding
-similarity), right (mean attention distance), Fig. 6 (attention rollout), and per-layer attention maps.
+similarity), right (mean attention distance), Fig. 6 (attention rollout), per-layer attention maps, and what the
+prefix tokens (class, distillation, registers) do per layer.
 
 Each function returns a `matplotlib.figure.Figure` built without pyplot: no global state, no GUI, and
 matplotlib's backend is never changed. Save one with `fig.savefig(path)`; show one in a notebook by returning it.
@@ -14,6 +15,7 @@ import numpy as np
 from ..utils.extras import needs
 from .attention import upsample_maps
 from .filters import FilterPCA, components_to_images
+from .tokens import TokenStats
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -153,4 +155,36 @@ def plot_layer_maps(images: np.ndarray, maps: np.ndarray, layer: int, max_images
                 axes[i, h + 1].set_title(f"head {h + 1}", fontsize=7)
     axes[0, 0].set_title("input", fontsize=7)
     fig.suptitle(f"Layer {layer + 1}: attention of each head", fontsize=10)
+    return fig
+
+
+_KIND_COLOURS = {"class": "tab:blue", "distillation": "tab:purple", "registers": "tab:red", "patches": "tab:green"}
+
+
+def plot_token_stats(stats: TokenStats) -> Figure:
+    """What the prefix tokens do per layer (`vitlab.analysis.tokens`): left, how the query's attention splits
+    between the class / distillation / register tokens and the patches; right, the mean output norm of each kind
+    of token, with the share of high-norm patch tokens (Darcet et al. 2024) on a second axis."""
+    fig = _figure(9.0, 3.6)
+    left, right = fig.subplots(1, 2)
+    L = len(stats.entropy)
+    layers = np.arange(1, L + 1)
+    bottom = np.zeros(L)
+    for kind, share in stats.attention.items():
+        left.bar(layers, share, bottom=bottom, color=_KIND_COLOURS[kind], label=f"{kind} ({stats.counts[kind]})")
+        bottom = bottom + share
+    left.set_xlabel("Layer")
+    left.set_ylabel(f"Share of the {stats.query}'s attention")
+    left.set_ylim(0, 1)
+    left.legend(fontsize=7, loc="lower right")
+    for kind, norm in stats.norms.items():
+        right.plot(layers, norm, marker="o", ms=3, color=_KIND_COLOURS[kind], label=kind)
+    right.set_xlabel("Layer")
+    right.set_ylabel("Mean output norm")
+    twin = right.twinx()
+    twin.plot(layers, 100 * stats.outlier_fraction, ls="--", color="black", label="high-norm patches")
+    twin.set_ylabel(f"% patches > {stats.outlier_factor:g}x median norm")
+    twin.set_ylim(bottom=0)
+    right.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Prefix tokens and register / patch norms", fontsize=10)
     return fig

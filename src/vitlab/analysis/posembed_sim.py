@@ -20,11 +20,13 @@ from ..models.vit import VisionTransformer
 def position_embedding_grid(model: VisionTransformer) -> np.ndarray:
     """The patch rows of a model's position embeddings as a (gh, gw, D) grid.
 
-    Learned tables drop their class-token row; sincos2d tables are computed (they are not parameters).
+    Learned tables drop their prefix-token rows (class, distillation, registers), if the table has any: a
+    `no_embed_class` table (DeiT-III, DINOv2 with registers) has patch rows only. sincos2d tables are computed
+    (they are not parameters).
     """
     gh, gw = model.cfg.grid_size
     if model.pos_embed is not None:  # learned
-        table = model.pos_embed.detach()[0, model.num_prefix_tokens :]  # (N, D)
+        table = model.pos_embed.detach()[0, model.cfg.pos_prefix_rows :]  # (N, D)
     elif model.cfg.pos_embed == "sincos2d":
         table = sincos_2d(gh, gw, model.cfg.embed_dim)  # (N, D)
     else:

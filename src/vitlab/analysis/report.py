@@ -32,6 +32,7 @@ from .plots import (
     plot_layer_maps,
     plot_pos_similarity,
     plot_rollout,
+    plot_token_stats,
     similarity_mosaic,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "plot_layer_maps",
     "plot_pos_similarity",
     "plot_rollout",
+    "plot_token_stats",
     "report_files",
     "sections",
     "similarity_mosaic",
@@ -61,6 +63,10 @@ __all__ = [
 def report_files(result: AnalysisResult) -> list[str]:
     """Names of the files `write_report` writes for `result`."""
     names = ["attention_distance", "attention_rollout"]
+    if result.attention.rollout_dist is not None:
+        names.append("attention_rollout_distillation")
+    if result.attention.tokens is not None:
+        names.append("prefix_tokens")
     if result.filters is not None:
         names.insert(0, "filters")
     if result.pos_similarity is not None:

@@ -23,6 +23,9 @@ EXAMPLES = """\
 # vitlab.weights.publish.EXPORT_FORMATS, spelled out so that --help imports no torch (tests/test_cli.py checks
 # that they agree)
 FORMATS = ("vitlab", "npz", "hf", "torchvision", "timm")
+# vitlab.weights.hf_families.WRITE and "vit" (likewise spelled out)
+HF_MODEL_TYPES = ("vit", "dinov2", "dinov2_with_registers", "clip_vision_model", "siglip_vision_model", "vit_mae",
+                  "deit")
 
 
 
@@ -32,10 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", type=Path, help="output: a file, or for --to hf a directory")
     p.add_argument("--to", choices=FORMATS,
                    help="vitlab: .safetensors with the config inside; npz: Google's vit_jax names; hf: a transformers "
-                        "ViTForImageClassification directory (config.json, model.safetensors, "
+                        "directory (ViTForImageClassification, or the DINOv2 / CLIP / SigLIP / DeiT class that "
+                        "computes the model; config.json, model.safetensors, "
                         "preprocessor_config.json); torchvision: a state dict for torchvision's VisionTransformer "
                         "(.pth); timm: a state dict in timm's names (.safetensors or .pth). Default: from DST's suffix "
                         "(.safetensors: vitlab, .npz: npz)")
+    p.add_argument("--hf-model-type", choices=HF_MODEL_TYPES,
+                   help="with --to hf: the transformers model_type to write (default: the one that computes the "
+                        "model: vit for the paper's ViT, dinov2 / dinov2_with_registers / clip_vision_model / "
+                        "siglip_vision_model / deit for those families; vit_mae only when asked)")
     add_force(p, "replace DST if it exists")
     add_img_size(p, "resample position embeddings to this input size (default: the source's)")
     p.add_argument("--num-classes", type=int, help="replace the head by a zero one with this many classes")
@@ -52,6 +60,6 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("img_size", args.img_size), ("num_classes", args.num_classes),
                                    ("num_heads", args.num_heads)) if v is not None}
     result = convert(args.src, args.dst, to=args.to, force=args.force, pos_embed_resize=args.pos_embed_resize,
-                     progress=want_progress(args), **overrides)
+                     progress=want_progress(args), hf_model_type=args.hf_model_type, **overrides)
     print(result.summary())
     return 0

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from typing import Any
 
-from ._common import HelpFormatter, add_output, add_progress, add_verbosity, check_output, want_progress
+from ._common import HelpFormatter, UsageError, add_output, add_progress, add_verbosity, check_output, want_progress
 
 HELP = "pretrained checkpoints: list the registry, show one, get (download) one"
 DESCRIPTION = """\
@@ -17,6 +17,7 @@ show everything about one (preprocessing, licence, reported accuracy, cache path
 checkpoint (`vitlab predict NAME ...`, `vitlab.load_model(NAME)`)."""
 EXAMPLES = """\
   vitlab weights list                                        # name, variant, resolution, classes, accuracy
+  vitlab weights list --family dinov2                        # one model family (clip, siglip, deit3, mae, ...)
   vitlab weights show vit_b_16.IMAGENET1K_V1                 # every fact, the preprocessing, the cache path
   vitlab weights get hf-hub:google/vit-base-patch16-224 -o ckpt/   # download, verify, print the path"""
 
@@ -27,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ls = sub.add_parser("list", help="the registry as a table", description="the registry as a table",
                         formatter_class=HelpFormatter)
     ls.add_argument("--json", action="store_true", help="print every entry as JSON")
+    ls.add_argument("--family", metavar="NAME", help="only this model family: vit, augreg, swag, bit, deit, deit3, "
+                    "mae, dinov2, clip, siglip, siglip2, eva02, dinov3")
     show = sub.add_parser("show", help="all facts about a checkpoint and whether it is cached",
                           description="all facts about a checkpoint and whether it is cached (no download)",
                           formatter_class=HelpFormatter)
@@ -44,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "list":
-        return _list(args.json)
+        return _list(args.json, args.family)
     if args.action == "show":
         return _show(args.name, args.json)
     return _get(args.name, args.output, progress=want_progress(args))
@@ -79,8 +82,16 @@ def _res(value: Any) -> str:
 _NAME_WIDTH = 56
 
 
-def _list(as_json: bool) -> int:
+def _list(as_json: bool, family: str | None = None) -> int:
     entries = _entries()
+    if family is not None:
+        from ..weights.registry import FAMILIES
+
+        known = sorted({str(e.family) for e in entries if getattr(e, "family", None)} | set(FAMILIES))
+        if family not in known:
+            raise UsageError(f"--family {family!r} is not a model family of the registry; families: "
+                             f"{', '.join(known)}")
+        entries = [e for e in entries if getattr(e, "family", None) == family]
     if as_json:
         print(json.dumps([_entry_dict(e) for e in entries], indent=2))
         return 0

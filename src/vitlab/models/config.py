@@ -13,9 +13,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-POOLS = ("token", "gap")
+POOLS = ("token", "gap", "map")
+ACTS = ("gelu", "gelu_tanh", "quick_gelu", "silu")
+MLPS = ("mlp", "swiglu")
 POS_EMBEDS = ("learned", "sincos2d", "none")
-RESIZE_MODES = ("jax", "bilinear", "bicubic")
+ROPES = {"eva02": 10000.0, "dinov3": 100.0}  # 2-D RoPE variant -> its published base (rope_theta's default)
+RESIZE_MODES = ("jax", "bilinear", "bicubic", "dinov2", "hf")
 HYBRID_EPS = ("timm", "vit_jax")  # whose weight-standardisation and GroupNorm epsilons (vitlab.models.hybrid.EPS)
 
 
@@ -145,6 +148,29 @@ class ViTConfig:
             the source of the weights: "timm" (ResNetV2: (w - mean) / sqrt(var + 1e-8), GroupNorm 1e-5) or
             "vit_jax" (Google's models_resnet.py: (w - mean) / (std + 1e-5), flax GroupNorm 1e-6); the `.npz`
             reader sets "vit_jax".
+        act: The MLP's activation: "gelu" (exact, the paper), "gelu_tanh" (SigLIP2), "quick_gelu" (OpenAI
+            CLIP: x * sigmoid(1.702 x)), "silu" (with mlp="swiglu").
+        mlp: "mlp" (fc1 -> act -> fc2, the paper) or "swiglu" (Shazeer 2020, DINOv2-g / EVA-02: fc1 makes a gate
+            and a value half, act(gate) * value -> fc2; mlp_dim counts both halves, as fc1's rows do).
+        mlp_norm: A LayerNorm on the MLP's hidden units before fc2 (EVA-02's sub-LN, Wang et al. 2022).
+        layer_scale: LayerScale's initial value (CaiT, Touvron et al. 2021; DeiT-III, DINOv2); None for none.
+        reg_tokens: Register tokens after the class token (Darcet et al., ICLR 2024).
+        no_embed_class: The position table has rows for the patches only; prefix tokens get no position
+            (DeiT-III, timm's `no_embed_class`).
+        distilled: DeiT's distillation token and second head (Touvron et al. 2021); the two heads' logits are
+            averaged at inference.
+        fc_norm: Normalise after pooling instead of before (MAE / BEiT fine-tuning; timm's `fc_norm`).
+        pre_norm: A LayerNorm on the embedded tokens before the first block (CLIP's `ln_pre`, Radford et al. 2021).
+        patch_bias: A bias in the patch projection (CLIP has none).
+        rope: Rotary position embeddings of the patch tokens' queries and keys (RoFormer, Su et al. 2021), None
+            for none: "eva02" (EVA-02, Fang et al. 2023: patch indices, frequencies theta^(-4i/d) per axis,
+            interleaved pairs) or "dinov3" (DINOv3, Simeoni et al. 2025: patch centres in [-1, 1], periods
+            theta^(4i/d), rotate-half layout). Prefix tokens are not rotated (`vitlab.models.rope`).
+        rope_theta: The RoPE base (EVA-02's temperature, DINOv3's base period); None: the variant's own
+            (`ROPES`: 10000, 100).
+        rope_ref_grid: "eva02" only: the (rows, cols) grid the positions are rescaled to span at every input
+            size (timm's `ref_feat_shape`, the pre-training grid: (16, 16) for EVA-02 at patch 14); None: the
+            patch indices themselves.
         name: The variant this config came from, if any (informational).
     """
 
@@ -169,6 +195,19 @@ class ViTConfig:
     hybrid_layers: tuple[int, ...] | None = None
     hybrid_width: int = 64
     hybrid_eps: str = "timm"
+    act: str = "gelu"
+    mlp: str = "mlp"
+    mlp_norm: bool = False
+    layer_scale: float | None = None
+    reg_tokens: int = 0
+    no_embed_class: bool = False
+    distilled: bool = False
+    fc_norm: bool = False
+    pre_norm: bool = False
+    patch_bias: bool = True
+    rope: str | None = None
+    rope_theta: float | None = None
+    rope_ref_grid: tuple[int, int] | None = None
     name: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -176,6 +215,8 @@ class ViTConfig:
             self.img_size = tuple(self.img_size)
         if isinstance(self.hybrid_layers, list):
             self.hybrid_layers = tuple(self.hybrid_layers)
+        if isinstance(self.rope_ref_grid, list):
+            self.rope_ref_grid = tuple(self.rope_ref_grid)
         self.validate()
 
     # -- validation, in one place -------------------------------------------------------------------
@@ -188,7 +229,8 @@ class ViTConfig:
         for name in ("patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_dim"):
             number(name, integer=True, lo=1, what="a positive int")
         number("num_classes", integer=True, lo=0, what="an int >= 0")
-        for name in ("class_token", "qkv_bias"):  # a truthy 1 / "no" would silently build a different model
+        for name in ("class_token", "qkv_bias", "mlp_norm", "no_embed_class", "distilled", "fc_norm", "pre_norm",
+                     "patch_bias"):  # a truthy 1 / "no" would silently build a different model
             check_bool(f"ViTConfig.{name}", getattr(self, name))
         if self.name is not None and not isinstance(self.name, str):
             raise ValueError(f"ViTConfig.name must be a string or None, got {self.name!r}")
@@ -224,12 +266,54 @@ class ViTConfig:
             raise ValueError(f"ViTConfig.hybrid_eps must be one of {HYBRID_EPS}, got {self.hybrid_eps!r}")
         if self.pool == "token" and not self.class_token:
             raise ValueError("ViTConfig.pool='token' needs class_token=True (use pool='gap' without one)")
+        if self.act not in ACTS:
+            raise ValueError(f"ViTConfig.act must be one of {ACTS}, got {self.act!r}")
+        if self.mlp not in MLPS:
+            raise ValueError(f"ViTConfig.mlp must be one of {MLPS}, got {self.mlp!r}")
+        if self.mlp == "swiglu" and self.mlp_dim % 2:
+            raise ValueError(f"ViTConfig.mlp='swiglu' needs an even mlp_dim (gate and value halves), got {self.mlp_dim}")
+        number("layer_scale", lo=0.0, lo_open=True, allow_none=True, what="None or a finite number > 0")
+        number("reg_tokens", integer=True, lo=0, what="an int >= 0")
+        if self.distilled and (not self.class_token or self.pool != "token"):
+            raise ValueError("ViTConfig.distilled=True needs class_token=True and pool='token' (DeiT's two heads "
+                             "read the class and distillation tokens)")
         if self.pos_embed == "sincos2d" and self.embed_dim % 4:
             raise ValueError(f"ViTConfig.pos_embed='sincos2d' needs embed_dim divisible by 4, got {self.embed_dim}")
         number("representation_size", integer=True, lo=1, allow_none=True, what="None or a positive int")
         for name in ("dropout", "attn_dropout", "drop_path"):  # 1 would drop everything
             number(name, lo=0.0, hi=1.0, hi_open=True, what="a probability in [0, 1)")
         number("layer_norm_eps", lo=0.0, lo_open=True, what="a finite number > 0")  # nan / inf: outputs nan / 0
+        self._validate_rope()
+
+    def _validate_rope(self) -> None:
+        if self.rope is None:
+            if self.rope_theta is not None or self.rope_ref_grid is not None:
+                raise ValueError(f"ViTConfig.rope_theta / rope_ref_grid need rope= one of {tuple(ROPES)} (got "
+                                 f"rope=None, rope_theta={self.rope_theta!r}, rope_ref_grid={self.rope_ref_grid!r})")
+            return
+        if not isinstance(self.rope, str) or self.rope not in ROPES:
+            raise ValueError(f"ViTConfig.rope must be None or one of {tuple(ROPES)}, got {self.rope!r}")
+        check_number("ViTConfig.rope_theta", self.rope_theta, lo=0.0, lo_open=True, allow_none=True,
+                     what="None or a finite number > 0")
+        if self.head_dim % 4:
+            raise ValueError(f"ViTConfig.rope needs a head dim (embed_dim / num_heads) divisible by 4 (2-D RoPE turns "
+                             f"d/4 frequency pairs per axis), got {self.head_dim}")
+        grid = self.rope_ref_grid
+        if grid is None:
+            return
+        if self.rope != "eva02":
+            raise ValueError(f"ViTConfig.rope_ref_grid is EVA-02's position rescaling; rope={self.rope!r} normalises "
+                             "positions itself (set rope_ref_grid=None)")
+        if not isinstance(grid, tuple) or len(grid) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid):
+            raise ValueError(f"ViTConfig.rope_ref_grid must be None or (rows, cols) positive ints, got {grid!r}")
+
+    @property
+    def rope_base(self) -> float | None:
+        """The RoPE base in use: rope_theta, or the variant's published one; None without RoPE."""
+        if self.rope is None:
+            return None
+        return float(self.rope_theta) if self.rope_theta is not None else ROPES[self.rope]
 
     # -- derived quantities -------------------------------------------------------------------------
     @property
@@ -256,12 +340,28 @@ class ViTConfig:
 
     @property
     def num_prefix_tokens(self) -> int:
-        return 1 if self.class_token else 0
+        """Tokens before the patches: [class][distillation][registers]."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def pos_prefix_rows(self) -> int:
+        """Rows of the position table that belong to prefix tokens (none with `no_embed_class`)."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
 
     @property
     def seq_len(self) -> int:
-        """Tokens the encoder sees: N plus the class token."""
+        """Tokens the encoder sees: N plus the prefix tokens."""
         return self.num_patches + self.num_prefix_tokens
+
+    @property
+    def is_plain(self) -> bool:
+        """True for the paper's ViT (no option of the later families): what formats without them can hold."""
+        return not self.family_options()
+
+    def family_options(self) -> dict[str, Any]:
+        """The later families' options this config uses ({} for the paper's ViT), e.g. {"layer_scale": 1e-5}."""
+        return {k: getattr(self, k) for k, v in FAMILY_DEFAULTS.items() if getattr(self, k) != v} | (
+            {"pool": "map"} if self.pool == "map" else {})
 
     @property
     def head_dim(self) -> int:
@@ -270,7 +370,7 @@ class ViTConfig:
     # -- (de)serialisation --------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        for k in ("img_size", "hybrid_layers"):
+        for k in ("img_size", "hybrid_layers", "rope_ref_grid"):
             if isinstance(d[k], tuple):
                 d[k] = list(d[k])
         return d
@@ -289,6 +389,11 @@ class ViTConfig:
         cfg = cls(**VARIANTS[key], name=key)
         return cfg.replace(**overrides) if overrides else cfg
 
+
+# The options of the later families, at the values that give the paper's ViT (ViTConfig.family_options).
+FAMILY_DEFAULTS: dict[str, Any] = dict(act="gelu", mlp="mlp", mlp_norm=False, layer_scale=None, reg_tokens=0,
+                                       no_embed_class=False, distilled=False, fc_norm=False, pre_norm=False,
+                                       patch_bias=True, rope=None, rope_theta=None, rope_ref_grid=None)
 
 # The ladder. Widths/depths/MLP/heads: paper Table 1 (B, L, H); Ti and S: DeiT (Touvron et al. 2021),
 # the sizes AugReg (Steiner et al. 2021) released. Patch size is part of the name.

@@ -1,12 +1,18 @@
 """Position embeddings: fixed 2-D sin-cos tables and 2-D resampling of learned ones.
 
 The paper (Sec. 3.2, Appendix D.4) fine-tunes at a higher resolution by interpolating the learned
-1-D table on the 2-D patch grid. Three resampling modes exist in the ecosystem and give different
+1-D table on the 2-D patch grid. Several resampling modes exist in the ecosystem and give different
 numbers, so we name them:
 
 - ``"jax"``: Google's vit_jax, ``scipy.ndimage.zoom(order=1)``, which is bilinear with corners aligned.
 - ``"bilinear"``: ``F.interpolate(mode="bilinear", align_corners=False)``.
-- ``"bicubic"``: timm's ``resample_abs_pos_embed`` (bicubic, antialiased, corners not aligned).
+- ``"bicubic"``: timm's ``resample_abs_pos_embed`` (bicubic, antialiased, corners not aligned); also DINOv2's
+  ``interpolate_pos_encoding`` as its register models (``dinov2_vit*14_reg``) are built (antialias, no offset).
+- ``"dinov2"``: DINOv2's ``interpolate_pos_encoding`` as its models without registers are built: plain bicubic
+  (no antialiasing) with the output size given as a scale factor (n' + 0.1) / n, so the sampling positions are
+  those of a grid of n' + 0.1 cells, not n' (the "interpolate_offset" of facebookresearch/dino issue 8).
+- ``"hf"``: transformers' ``interpolate_pos_encoding`` (ViT, DINOv2): plain bicubic to the output size, no
+  antialiasing (PyTorch's antialiased bicubic uses another kernel, so this differs from "bicubic" even upwards).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from .config import RESIZE_MODES
+
+DINOV2_OFFSET = 0.1  # DinoVisionTransformer(interpolate_offset=0.1), the default of its models without registers
 
 
 def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
@@ -64,6 +72,14 @@ def resample_grid(grid: torch.Tensor, new_size: tuple[int, int], mode: str = "bi
         x = F.interpolate(x, size=new_size, mode="bilinear", align_corners=True)
     elif mode == "bilinear":
         x = F.interpolate(x, size=new_size, mode="bilinear", align_corners=False)
+    elif mode == "dinov2":
+        # the output size is floor(n * (n' + 0.1) / n) = n'; the kernel maps output i to input (i + 0.5) / scale - 0.5
+        scale = ((new_size[0] + DINOV2_OFFSET) / x.shape[2], (new_size[1] + DINOV2_OFFSET) / x.shape[3])
+        x = F.interpolate(x, scale_factor=scale, mode="bicubic", align_corners=False)
+        if tuple(x.shape[2:]) != tuple(new_size):  # cannot happen for grids of sane size; never return a wrong one
+            raise ValueError(f"dinov2 resampling gave a {tuple(x.shape[2:])} grid, not {tuple(new_size)}")
+    elif mode == "hf":
+        x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=False)
     else:
         x = F.interpolate(x, size=new_size, mode="bicubic", align_corners=False, antialias=True)
     x = x.permute(0, 2, 3, 1).to(dtype)  # (1, gh', gw', D)
@@ -84,7 +100,7 @@ def resample_pos_embed(
         new_size: Target grid (gh', gw').
         old_size: Source grid; inferred as square when None.
         num_prefix_tokens: Rows that belong to prefix tokens and are copied unchanged.
-        mode: "jax", "bilinear" or "bicubic" (see module docstring).
+        mode: One of RESIZE_MODES: "jax", "bilinear", "bicubic", "dinov2", "hf" (see module docstring).
     """
     if pos_embed.dim() == 2:
         pos_embed = pos_embed[None]

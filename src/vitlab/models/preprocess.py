@@ -220,8 +220,9 @@ def torchvision_classification(crop_size: int, resize_size: int, interpolation: 
 def from_hf_processor(d: Mapping[str, Any], source: str = "preprocessor_config.json") -> Preprocess:
     """transformers' image processor config (ViTImageProcessor, DeiTImageProcessor, ...) -> Preprocess.
 
-    ViT: `size` {"height", "width"} squashed, no crop. DeiT: squash to `size` then centre-crop `crop_size`.
-    `size` {"shortest_edge": s} with a crop: shorter side to s, centre crop.
+    ViT, SigLIP: `size` {"height", "width"} squashed, no crop. DeiT: squash to `size` then centre-crop `crop_size`.
+    `size` {"shortest_edge": s} with a crop (CLIP, BiT / DINOv2): shorter side to s, centre crop; for CLIP's and
+    BiT's processors an int `size` means that too (ViT's: a square).
     """
     if not isinstance(d, Mapping):
         raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
@@ -235,7 +236,11 @@ def from_hf_processor(d: Mapping[str, Any], source: str = "preprocessor_config.j
         mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
     if d.get("do_rescale", True) and abs(float(d.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-9:
         raise ValueError(f"{source}: rescale_factor={d.get('rescale_factor')!r} is not 1/255; not supported")
-    size = _hf_size(d.get("size", 224), f"{source}: size")
+    kind = str(d.get("image_processor_type") or d.get("feature_extractor_type") or "").removesuffix("Fast")
+    size = d.get("size", 224)
+    if _is_int(size) and kind in _SHORTEST_EDGE_INT:  # CLIP / BiT (DINOv2): an int is the shorter side
+        size = {"shortest_edge": size}
+    size = _hf_size(size, f"{source}: size")
     crop = _hf_size(d.get("crop_size"), f"{source}: crop_size") if d.get("do_center_crop") else None
     if "shortest_edge" in size:
         short = size["shortest_edge"]
@@ -248,6 +253,10 @@ def from_hf_processor(d: Mapping[str, Any], source: str = "preprocessor_config.j
         return Preprocess(hw, mean, std, "resize", min(hw) / min(size["height"], size["width"]), interpolation,
                           "rgb", source)
     return Preprocess((size["height"], size["width"]), mean, std, "resize", 1.0, interpolation, "rgb", source)
+
+
+# Processors that read `size: 224` as the shorter side (transformers' default_to_square=False), not a square.
+_SHORTEST_EDGE_INT = ("CLIPImageProcessor", "CLIPFeatureExtractor", "ChineseCLIPImageProcessor", "BitImageProcessor")
 
 
 def _hf_size(size: Any, what: str) -> dict[str, int]:

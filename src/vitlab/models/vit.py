@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +21,9 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ViTConfig
 from .hybrid import backbone_channels, build_backbone, init_backbone
-from .layers import check_images, zero_head
+from .layers import AttentionPool, LayerScale, SwiGLU, activation, check_images, zero_head
 from .posembed import resample_pos_embed, sincos_2d
+from .rope import RoPE
 
 if TYPE_CHECKING:
     from .preprocess import Preprocess
@@ -44,7 +45,7 @@ class PatchEmbed(nn.Module):
             cin = backbone_channels(cfg.hybrid_layers, cfg.hybrid_width)
         else:
             self.backbone = None
-        self.proj = nn.Conv2d(cin, cfg.embed_dim, cfg.patch_size, stride=cfg.patch_size)
+        self.proj = nn.Conv2d(cin, cfg.embed_dim, cfg.patch_size, stride=cfg.patch_size, bias=cfg.patch_bias)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         check_images(x, self.proj.weight)
@@ -62,10 +63,12 @@ class PatchEmbed(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention (Appendix A, Eq. 5-8), fused through scaled_dot_product_attention."""
+    """Multi-head self-attention (Appendix A, Eq. 5-8), fused through scaled_dot_product_attention. With `rope` (the
+    model's one RoPE module, EVA-02 / DINOv3) the patch tokens' queries and keys are turned first."""
 
-    def __init__(self, cfg: ViTConfig):
+    def __init__(self, cfg: ViTConfig, rope: RoPE | None = None):
         super().__init__()
+        self.rope = rope
         self.num_heads = cfg.num_heads
         self.head_dim = cfg.head_dim
         self.scale = self.head_dim**-0.5
@@ -78,6 +81,8 @@ class Attention(nn.Module):
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, hd)
+        if self.rope is not None:  # rotary position embeddings (vitlab.models.rope); the paper's ViT: no
+            q, k = self.rope(q, k)
         attn = None
         if return_attn or _explicit_is_faster(q):  # maps asked for, or bf16 training on a CPU (docs/speed.md)
             attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
@@ -96,18 +101,19 @@ def _explicit_is_faster(q: torch.Tensor) -> bool:
 
 
 class Mlp(nn.Module):
-    """Two Dense layers with a GELU between (Sec. 3.1)."""
+    """Two Dense layers with a GELU between (Sec. 3.1); `cfg.act` picks another nonlinearity for CLIP / SigLIP2."""
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
         self.fc1 = nn.Linear(cfg.embed_dim, cfg.mlp_dim)
-        self.act = nn.GELU()
+        self.act = activation(cfg.act)
         self.drop1 = nn.Dropout(cfg.dropout)
+        self.norm = nn.LayerNorm(cfg.mlp_dim, eps=cfg.layer_norm_eps) if cfg.mlp_norm else nn.Identity()
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.embed_dim)
         self.drop2 = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
 
 
 def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -121,18 +127,21 @@ def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 class Block(nn.Module):
     """One pre-norm Transformer block: Eq. 2 then Eq. 3."""
 
-    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0):
+    def __init__(self, cfg: ViTConfig, drop_path_rate: float = 0.0, rope: RoPE | None = None):
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
-        self.attn = Attention(cfg)
-        self.norm2 = nn.LayerNorm(cfg.embed_dim, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg)
+        D, eps, ls = cfg.embed_dim, cfg.layer_norm_eps, cfg.layer_scale
+        self.norm1 = nn.LayerNorm(D, eps=eps)
+        self.attn = Attention(cfg, rope)
+        self.ls1 = LayerScale(D, ls) if ls else nn.Identity()  # CaiT / DeiT-III / DINOv2
+        self.norm2 = nn.LayerNorm(D, eps=eps)
+        self.mlp = SwiGLU(D, cfg.mlp_dim, cfg.act, cfg.mlp_norm, eps, cfg.dropout) if cfg.mlp == "swiglu" else Mlp(cfg)
+        self.ls2 = LayerScale(D, ls) if ls else nn.Identity()
         self.drop_path = drop_path_rate
 
     def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         y, attn = self.attn(self.norm1(x), return_attn)
-        x = x + drop_path(y, self.drop_path, self.training)  # Eq. 2
-        x = x + drop_path(self.mlp(self.norm2(x)), self.drop_path, self.training)  # Eq. 3
+        x = x + drop_path(self.ls1(y), self.drop_path, self.training)  # Eq. 2
+        x = x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)  # Eq. 3
         return x, attn
 
 
@@ -160,10 +169,15 @@ class VisionTransformer(nn.Module):
     # declared for the type checker (nn.Module's attribute lookup would type them Tensor | Module)
     preprocess: Preprocess | None
     cls_token: nn.Parameter | None
+    dist_token: nn.Parameter | None
+    reg_token: nn.Parameter | None
     pos_embed: nn.Parameter | None
+    rope: RoPE | None
     blocks: Sequence[Block]  # an nn.ModuleList
+    attn_pool: AttentionPool | None
     pre_logits: PreLogits | None
     head: nn.Linear | nn.Identity
+    head_dist: nn.Linear | nn.Identity | None
 
     def __init__(self, cfg: ViTConfig):
         super().__init__()
@@ -175,35 +189,53 @@ class VisionTransformer(nn.Module):
         self.grad_checkpointing = False
         self.preprocess = None  # the Preprocess the weights expect; set by load_model, None = unknown
 
+        eps = cfg.layer_norm_eps
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if cfg.distilled else None  # DeiT
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, D)) if cfg.reg_tokens else None  # registers
         if cfg.pos_embed == "learned":  # Eq. 1: E_pos, one row per token, class token first
-            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.seq_len, D))
+            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_patches + cfg.pos_prefix_rows, D))
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(cfg.dropout)
+        self.norm_pre = nn.LayerNorm(D, eps=eps) if cfg.pre_norm else nn.Identity()  # CLIP's ln_pre
+        self.rope = RoPE(cfg) if cfg.rope else None  # EVA-02 / DINOv3: one, shared by the blocks' attention
         rates = [cfg.drop_path * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.ModuleList([Block(cfg, r) for r in rates])  # type: ignore[assignment]
-        self.norm = nn.LayerNorm(D, eps=cfg.layer_norm_eps)
+        self.blocks = nn.ModuleList([Block(cfg, r, self.rope) for r in rates])  # type: ignore[assignment]
+        self.norm = nn.Identity() if cfg.fc_norm else nn.LayerNorm(D, eps=eps)  # Eq. 4's LN, on every token
+        self.attn_pool = AttentionPool(D, cfg.num_heads, cfg.mlp_dim, cfg.act, eps) if cfg.pool == "map" else None
+        self.fc_norm = nn.LayerNorm(D, eps=eps) if cfg.fc_norm else nn.Identity()  # MAE / BEiT: LN after pooling
         self.pre_logits = PreLogits(D, cfg.representation_size) if cfg.representation_size else None
         self.num_features = cfg.representation_size or D
         self.head = nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.head_dist = (nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()) \
+            if cfg.distilled else None
+        self.distilled_training = False  # DeiT: forward returns (class logits, distillation logits) while training
         self.init_weights()
 
     # -- Eq. 1 --------------------------------------------------------------------------------------
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Eq. 1: (B, C, H, W) images -> z_0 (B, prefix + N, D) and the (gh, gw) patch grid (E_pos resampled to it)."""
+        """Eq. 1: (B, C, H, W) images -> z_0 (B, prefix + N, D) and the (gh, gw) patch grid (E_pos resampled to it).
+        The prefix is [class][distillation][registers], as many as the config has."""
+        cfg = self.cfg
         x, grid = self.patch_embed(x)  # (B, N, D)
-        if self.cfg.pos_embed == "sincos2d":
-            x = x + sincos_2d(grid[0], grid[1], self.cfg.embed_dim).to(x.device, x.dtype)  # patches only
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1+N, D): class token first
-        if self.pos_embed is not None:  # learned E_pos: one row per token, class row first
-            pos: torch.Tensor = self.pos_embed  # (1, prefix + gh * gw, D)
-            if grid != self.grid_size:  # other input size: resample on the 2-D grid, class row kept
-                pos = resample_pos_embed(pos, grid, self.grid_size, self.num_prefix_tokens, self.cfg.pos_embed_resize)
+        if self.rope is not None:  # the blocks turn q and k for this grid
+            self.rope.set_grid(grid)
+        if cfg.pos_embed == "sincos2d":
+            x = x + sincos_2d(grid[0], grid[1], cfg.embed_dim).to(x.device, x.dtype)  # patches only
+        pos: torch.Tensor | None = self.pos_embed  # learned E_pos: (1, prefix rows + gh * gw, D), prefix rows first
+        if pos is not None and grid != self.grid_size:  # other input size: resample on the 2-D grid, prefix rows kept
+            pos = resample_pos_embed(pos, grid, self.grid_size, cfg.pos_prefix_rows, cfg.pos_embed_resize)
+        if pos is not None and cfg.no_embed_class:  # DeiT-III, DINOv2 with registers: patches only
             x = x + pos
-        return self.pos_drop(x), grid
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token)
+                  if t is not None]
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, D): class token first, as in BERT
+        if pos is not None and not cfg.no_embed_class:
+            x = x + pos
+        return self.norm_pre(self.pos_drop(x)), grid  # norm_pre: CLIP's ln_pre, else identity
 
     def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
@@ -219,16 +251,34 @@ class VisionTransformer(nn.Module):
         return self.norm(x)  # Eq. 4's LN, applied to every token
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, prefix + N, D) -> (B, D): the class token (Eq. 4) or the mean of the patch tokens."""
+        """(B, prefix + N, D) -> (B, D): the class token (Eq. 4), the mean of the patch tokens, or the MAP head's
+        attention over them (SigLIP); then fc_norm (MAE) where the config has it."""
         if self.cfg.pool == "token":
-            return x[:, 0]
-        return x[:, self.num_prefix_tokens :].mean(dim=1)
+            x = x[:, 0]
+        elif self.attn_pool is not None:
+            x = self.attn_pool(x[:, self.num_prefix_tokens :])
+        else:
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        return self.fc_norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.head_dist is not None:  # DeiT: class and distillation tokens, a head each
+            return self._distilled_head(x, pre_logits)
         x = self.pool(x)  # (B, D)
         if self.pre_logits is not None:
             x = self.pre_logits(x)  # (B, representation_size)
         return x if pre_logits else self.head(x)
+
+    def _distilled_head(self, x: torch.Tensor, pre_logits: bool) -> Any:
+        """DeiT (Touvron et al. 2021, Sec. 4): the two heads' logits averaged; both while distilled_training."""
+        assert self.head_dist is not None
+        cls, dist = self.fc_norm(x[:, 0]), self.fc_norm(x[:, 1])  # (B, D) each
+        if pre_logits:
+            return (cls + dist) / 2
+        cls, dist = self.head(cls), self.head_dist(dist)
+        if self.distilled_training and self.training:
+            return cls, dist
+        return (cls + dist) / 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
@@ -249,6 +299,9 @@ class VisionTransformer(nn.Module):
             nn.init.zeros_(block.attn.proj.bias)
             nn.init.normal_(block.mlp.fc1.bias, std=1e-6)
             nn.init.normal_(block.mlp.fc2.bias, std=1e-6)
+            for ls in (block.ls1, block.ls2):
+                if isinstance(ls, LayerScale):
+                    nn.init.constant_(ls.gamma, ls.init)
         _lecun_normal_(self.patch_embed.proj.weight)
         if self.patch_embed.proj.bias is not None:
             nn.init.zeros_(self.patch_embed.proj.bias)
@@ -258,16 +311,28 @@ class VisionTransformer(nn.Module):
             nn.init.normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
+        for token in (self.dist_token, self.reg_token):  # as timm: small random, so they differ from each other
+            if token is not None:
+                nn.init.normal_(token, std=1e-6 if token is self.reg_token else 0.02)
+        if self.attn_pool is not None:
+            nn.init.trunc_normal_(self.attn_pool.latent, std=D**-0.5)
+            for lin in (self.attn_pool.q, self.attn_pool.kv, self.attn_pool.proj, self.attn_pool.mlp.fc1,
+                        self.attn_pool.mlp.fc2):
+                nn.init.xavier_uniform_(lin.weight)
+                if lin.bias is not None:
+                    nn.init.zeros_(lin.bias)
         if self.pre_logits is not None:
             _lecun_normal_(self.pre_logits.fc.weight)
             nn.init.zeros_(self.pre_logits.fc.bias)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
 
     # -- timm's small surface -----------------------------------------------------------------------
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token"}
+        names = {n for n, _ in self.named_parameters()}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token", "attn_pool.latent"} & names
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
@@ -275,9 +340,15 @@ class VisionTransformer(nn.Module):
     def reset_classifier(self, num_classes: int, pool: str | None = None) -> None:
         """Replace the head by a zero-initialised one with `num_classes` outputs (paper Sec. 3.2)."""
         if pool is not None:
+            if (pool == "map") != (self.attn_pool is not None):
+                raise ValueError(f"reset_classifier(pool={pool!r}): the MAP head is built with the model; rebuild it "
+                                 f"with pool={pool!r} (create_model(..., pool={pool!r})) instead")
             self.cfg = self.cfg.replace(pool=pool)
         self.cfg = self.cfg.replace(num_classes=num_classes)
-        self.head = zero_head(self.num_features, num_classes, like=self.norm.weight)
+        like = self.patch_embed.proj.weight
+        self.head = zero_head(self.num_features, num_classes, like=like)
+        if self.head_dist is not None:
+            self.head_dist = zero_head(self.num_features, num_classes, like=like)
 
     # -- looking inside -----------------------------------------------------------------------------
     def forward_attention(

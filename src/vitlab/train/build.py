@@ -12,9 +12,9 @@ from ..models.config import ViTConfig
 from ..models.preprocess import data_config_fields, from_data_config
 from ..models.resnet import ResNetConfig, ResNetV2
 from ..models.vit import VisionTransformer
-from ..weights import WeightsWarning, create_model, load_weights
+from ..weights import WeightsWarning, create_model, load_model, load_weights
 from ..weights.checkpoint import read_preprocess
-from .recipe import Recipe, data_config_from_dict
+from .recipe import FROM_INIT, Recipe, data_config_from_dict
 
 
 def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -> VisionTransformer | ResNetV2:
@@ -23,6 +23,8 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
 
     Fine-tuning (paper Sec. 3.2): the pre-trained head (and pre-logits) is replaced by a zero-initialised one
     when `init.drop_head`, and learned position embeddings are resampled on the 2-D grid to the new resolution.
+    With `model.name: init.checkpoint` the architecture is the checkpoint's own (`vitlab.load_model`, the model
+    section's fields changing it): a backbone without a head (DINOv2, SigLIP) gets a zero-initialised one.
     """
     over = dict(recipe.model.overrides)
     if "num_classes" in over and over["num_classes"] != num_classes:
@@ -30,6 +32,8 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
     over["num_classes"] = num_classes
     if in_chans is not None and over.get("in_chans", in_chans) != in_chans:
         raise ValueError(f"model.in_chans={over['in_chans']} but the data gives {in_chans} channels")
+    if recipe.model.name == FROM_INIT:
+        return _from_checkpoint(recipe, over, num_classes)
     model = create_model(recipe.model.name, **over)
     if recipe.init.checkpoint:
         name = recipe.init.checkpoint  # a path, registry name, hf-hub:owner/repo, gs:// or https URL
@@ -45,6 +49,25 @@ def build_model(recipe: Recipe, num_classes: int, in_chans: int | None = None) -
             report.messages.append("init.drop_head: head replaced by a zero-initialised one")
         model.init_report = report  # type: ignore[assignment]  # read by the CLI and tests
     return model
+
+
+def _from_checkpoint(recipe: Recipe, over: dict[str, Any], num_classes: int) -> VisionTransformer | ResNetV2:
+    """`model.name: init.checkpoint`: the checkpoint's model with the section's fields, in training mode."""
+    name = recipe.init.checkpoint
+    assert name is not None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", WeightsWarning)
+        try:
+            model, report = load_model(name, pos_embed_resize=recipe.init.pos_embed_resize, return_report=True,
+                                       **over)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"init.checkpoint: {e}") from None
+    report.messages.extend(str(w.message) for w in caught if issubclass(w.category, WeightsWarning))
+    if recipe.init.drop_head and isinstance(model.head, nn.Linear) and not report.replaced:
+        model.reset_classifier(num_classes)  # Sec. 3.2: a zero-initialised D x K head
+        report.messages.append("init.drop_head: head replaced by a zero-initialised one")
+    model.init_report = report  # type: ignore[assignment]  # read by the CLI and tests
+    return model.train()
 
 
 def init_preprocess(recipe: Recipe) -> Any:

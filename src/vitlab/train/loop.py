@@ -10,7 +10,8 @@ images/s, MFU and the ETA (`meter.py`), and the recipe's `train.evaluators` (e.g
 their declared steps (`evaluators.py`).
 
 Where the rest lives: `run.py` (the run object), `step.py` (one optimizer step), `build.py` (model and data
-configuration), `rundir.py`, `rng.py`, `vitlab.perf.precision`, `vitlab.inference.evaluate`.
+configuration), `distill.py` (DeiT distillation's teacher and loss), `probe.py` (`train.linear_probe`: a linear
+classifier on frozen features), `rundir.py`, `rng.py`, `vitlab.perf.precision`, `vitlab.inference.evaluate`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ..perf.allocator import keep_freed_memory
 from .build import build_model, data_config_with_init, init_preprocess
 from .checkpoint import list_checkpoints
 from .distributed import DistInfo, all_true, barrier, setup_distributed, teardown_distributed
+from .probe import linear_probe
 from .recipe import Recipe
 from .run import NonFiniteError, Run, TrainResult
 from .rundir import RunDirError, RunLock, RunLockedError, check_run_dir, check_same_recipe, remove_stale_temps
@@ -144,6 +146,8 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
     if tr.batch_size % (tr.accum_steps * info.world_size):
         raise ValueError(f"train.batch_size {tr.batch_size} must divide by accum_steps x processes = "
                          f"{tr.accum_steps} x {info.world_size}")
+    if tr.linear_probe:  # a classifier on frozen features (train/probe.py): no checkpoints, nothing to resume
+        return linear_probe(recipe, run_dir, info)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     if tr.deterministic:
         torch.use_deterministic_algorithms(True)

@@ -1,4 +1,4 @@
-"""A training recipe: the YAML file with sections model, data, optim, schedule, train and init.
+"""A training recipe: the YAML file with sections model, data, optim, schedule, train, init and distill.
 
 Every section is a dataclass, so every key has a type, a default and a docstring; an unknown key is an
 error that lists the valid ones. `--set section.key=value` overrides go through the same parsing.
@@ -24,6 +24,7 @@ from ..data import DataConfig
 from ..models.config import RESIZE_MODES, ViTConfig, check_bool, check_keys, check_number
 from ..models.resnet import ResNetConfig, config_from_name
 from ..perf.precision import PRECISIONS
+from ..weights import WeightsError, load_model, read_config
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -44,23 +45,36 @@ def _choice(section: str, key: str, value: Any, choices: tuple[str, ...]) -> Non
         raise ValueError(f"{section}.{key} must be one of {list(choices)}, got {value!r}")
 
 
+FROM_INIT = "init.checkpoint"  # model.name: the architecture of init.checkpoint (a DINOv2 / SigLIP backbone, ...)
+
+
 @dataclass
 class ModelSection:
     """`model:` a zoo name plus any config field as an override.
 
     Attributes:
-        name: A variant name from `vitlab models` ("ViT-B/16", "S/16", ...) or a BiT ResNet ("BiT-R50x1", ...).
+        name: A variant name from `vitlab models` ("ViT-B/16", "S/16", ...) or a BiT ResNet ("BiT-R50x1", ...),
+            or "init.checkpoint": the architecture `init.checkpoint` was made with, read from the checkpoint
+            (`vitlab.load_model`), for backbones of the later families (DINOv2, SigLIP, CLIP, ...).
         overrides: Every other key of the section: ViTConfig fields (img_size, patch_size, pool, ...), or for a
-            BiT ResNet `vitlab.models.resnet.ResNetConfig` fields (img_size, in_chans, width, layers, ...).
+            BiT ResNet `vitlab.models.resnet.ResNetConfig` fields (img_size, in_chans, width, layers, ...). With
+            "init.checkpoint" they change the checkpoint's config (img_size, drop_path, ...).
+        checkpoint: With "init.checkpoint": the recipe's `init.checkpoint` (set by `Recipe.from_dict`).
     """
 
     name: str = "ViT-B/16"
     overrides: dict[str, Any] = field(default_factory=dict)
+    checkpoint: str | None = field(default=None, compare=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> ModelSection:
+    def from_dict(cls, d: dict[str, Any] | None, checkpoint: str | None = None) -> ModelSection:
         d = dict(d or {})
         name = d.pop("name", cls.name)
+        if name == FROM_INIT:
+            if not checkpoint:
+                raise ValueError(f"model.name: {FROM_INIT} builds init.checkpoint's architecture: set init.checkpoint")
+            check_keys(d, ViTConfig, "recipe section 'model'", "field")  # values: checked when the model is built
+            return cls(name=name, overrides=d, checkpoint=checkpoint)
         config_from_name(name).replace(**d)  # unknown names / fields list the known ones; values validated
         return cls(name=name, overrides=d)
 
@@ -68,8 +82,18 @@ class ModelSection:
         return {"name": self.name, **self.overrides}
 
     def vit_config(self, **extra: Any) -> ViTConfig | ResNetConfig:
-        """The model's config: a ViTConfig, or a ResNetConfig for a BiT ResNet."""
-        return config_from_name(self.name, **{**self.overrides, **extra})
+        """The model's config: a ViTConfig, or a ResNetConfig for a BiT ResNet; with "init.checkpoint", the
+        checkpoint's config (read from the file: stored, its config.json, or its tensor shapes) changed by the
+        overrides."""
+        over = {**self.overrides, **extra}
+        if self.name != FROM_INIT:
+            return config_from_name(self.name, **over)
+        assert self.checkpoint is not None
+        try:
+            cfg = read_config(self.checkpoint)
+        except WeightsError:  # a field only a load_model argument settles (e.g. num_heads of a bare state dict)
+            return load_model(self.checkpoint, **over).cfg
+        return cfg.replace(**over)
 
 
 @dataclass
@@ -182,6 +206,10 @@ class TrainSection:
         evaluators: Extra evaluations run during training, each a mapping with a `kind` (see `EVALUATORS`), e.g.
             `[{kind: fewshot, every: 500, shots: [5]}]`: the paper's few-shot linear probe (Sec. 4.1). Their
             numbers go to metrics.jsonl (split: the evaluator's name), TensorBoard and the report.
+        linear_probe: Train only a linear classifier on the frozen features of `init.checkpoint`'s backbone
+            (DINOv2's probe: class token concatenated with the mean patch token; a backbone without a class token:
+            its pooled features), extracted once from the unaugmented train split (`vitlab.train.probe`);
+            optim, schedule, batch_size and steps / epochs then apply to the classifier.
     """
 
     batch_size: int = 128
@@ -211,6 +239,7 @@ class TrainSection:
     early_stop_every: int = 0
     early_stop_patience: int = 0
     evaluators: list[Any] = field(default_factory=list)
+    linear_probe: bool = False
 
     def validate(self) -> None:
         _number("train", "batch_size", self.batch_size, lo=1, integer=True)
@@ -239,7 +268,7 @@ class TrainSection:
         _number("train", "max_bad_steps", self.max_bad_steps, lo=1, integer=True)
         _choice("train", "eval_split", self.eval_split, ("val", "test"))
         _choice("train", "parallel", self.parallel, PARALLEL)
-        for k in ("deterministic", "compile", "grad_checkpointing"):
+        for k in ("deterministic", "compile", "grad_checkpointing", "linear_probe"):
             check_bool(f"train.{k}", getattr(self, k))
         _number("train", "eval_batch_size", self.eval_batch_size, lo=1, integer=True, allow_none=True)
         _number("train", "eval_max_samples", self.eval_max_samples, lo=1, integer=True, allow_none=True)
@@ -375,7 +404,53 @@ class InitSection:
         _choice("init", "pos_embed_resize", self.pos_embed_resize, RESIZE_MODES)
 
 
-SECTIONS = ("model", "data", "optim", "schedule", "train", "init")
+TEACHER_NORMALIZE = ("same", "inception", "imagenet")
+
+
+@dataclass
+class DistillSection:
+    """`distill:` DeiT hard distillation (Touvron et al., ICML 2021, Sec. 4): the student (`model.distilled: true`,
+    a distillation token and a second head) learns its class head from the labels and its distillation head from
+    the frozen teacher's argmax on the same (augmented) images; loss 0.5 CE(class head, y) + 0.5 CE(distillation
+    head, argmax teacher(x)). At inference the two heads' logits are averaged. Off without a teacher.
+
+    Attributes:
+        teacher: A checkpoint `vitlab.load_model` builds (a path, a registry name, hf-hub:...; a ViT or a BiT
+            ResNet), or "timm:ARCHITECTURE" for a timm model (with `teacher_checkpoint`). It must have the data's
+            classes; it runs frozen, in eval mode, in fp32.
+        teacher_checkpoint: For a timm teacher: its weights file (timm's `load_checkpoint`), or null for timm's
+            pretrained weights of that name (downloaded by timm).
+        teacher_kwargs: For a timm teacher: more `timm.create_model` arguments (e.g. in_chans: 1, img_size: 28).
+        teacher_img_size: The size the teacher is fed (the student's batch resized); null: a vitlab teacher's own
+            img_size, a timm teacher's the student's size.
+        teacher_normalize: How the teacher's pixels are normalised: "same" (the student's batch as it is),
+            "inception" or "imagenet" (the student's normalisation undone and this one applied); null: a vitlab
+            teacher's own recorded preprocessing (else "same"), a timm teacher "same".
+    """
+
+    teacher: str | None = None
+    teacher_checkpoint: str | None = None
+    teacher_kwargs: dict[str, Any] = field(default_factory=dict)
+    teacher_img_size: int | None = None
+    teacher_normalize: str | None = None
+
+    def validate(self) -> None:
+        for key in ("teacher", "teacher_checkpoint"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"distill.{key} must be a checkpoint path or name, or null, got {value!r}")
+        if not isinstance(self.teacher_kwargs, dict):
+            raise ValueError(f"distill.teacher_kwargs must be a mapping, got {self.teacher_kwargs!r}")
+        timm_teacher = self.teacher is not None and self.teacher.startswith("timm:")
+        if (self.teacher_checkpoint is not None or self.teacher_kwargs) and not timm_teacher:
+            raise ValueError("distill.teacher_checkpoint / teacher_kwargs are for a timm teacher (teacher: "
+                             "timm:ARCHITECTURE); a vitlab teacher is one checkpoint: distill.teacher")
+        _number("distill", "teacher_img_size", self.teacher_img_size, lo=1, integer=True, allow_none=True)
+        if self.teacher_normalize is not None:
+            _choice("distill", "teacher_normalize", self.teacher_normalize, TEACHER_NORMALIZE)
+
+
+SECTIONS = ("model", "data", "optim", "schedule", "train", "init", "distill")
 
 
 @dataclass
@@ -388,6 +463,7 @@ class Recipe:
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
     train: TrainSection = field(default_factory=lambda: TrainSection(steps=1))
     init: InitSection = field(default_factory=InitSection)
+    distill: DistillSection = field(default_factory=DistillSection)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, check_data: bool = True) -> Recipe:
@@ -396,7 +472,7 @@ class Recipe:
         check_keys(d, SECTIONS, "recipe", "section")
         sections: dict[str, Any] = {}
         for name, sec_cls in (("optim", OptimSection), ("schedule", ScheduleSection), ("train", TrainSection),
-                              ("init", InitSection)):
+                              ("init", InitSection), ("distill", DistillSection)):
             sec = sec_cls(**_check_keys(name, d.get(name), sec_cls))
             sec.validate()
             sections[name] = sec
@@ -408,11 +484,17 @@ class Recipe:
         if sections["train"].early_stop_every and not data.get("val_fraction"):
             raise ValueError("train.early_stop_every evaluates on the held-out val split: set data.val_fraction > 0 "
                              "(e.g. 0.02)")
-        return cls(model=ModelSection.from_dict(d.get("model")), data=dict(data), **sections)
+        if sections["train"].linear_probe and not sections["init"].checkpoint:
+            raise ValueError("train.linear_probe trains a classifier on a frozen backbone's features: set "
+                             "init.checkpoint")
+        model = ModelSection.from_dict(d.get("model"), sections["init"].checkpoint)
+        return cls(model=model, data=dict(data), **sections)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model.to_dict(), "data": dict(self.data)}
-        for name in ("optim", "schedule", "train", "init"):
+        for name in ("optim", "schedule", "train", "init", "distill"):
+            if name == "distill" and self.distill == DistillSection():  # off: left out, as recipes before it
+                continue
             sec = dataclasses.asdict(getattr(self, name))
             out[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in sec.items()}
         return out

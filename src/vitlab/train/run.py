@@ -32,6 +32,7 @@ from ..utils.io import write_atomic, writing
 from ..weights import create_model, save_weights
 from . import checkpoint as ckpt
 from .build import build_model, data_config_with_init, trained_preprocess
+from .distill import build_distillation
 from .distributed import (
     DistInfo,
     all_true,
@@ -247,8 +248,11 @@ class Run:
 
     def _build_training(self, saved: dict[str, Any]) -> None:
         """The wrapped model (DDP / FSDP), optimizer and EMA, with a resumed run's state (`saved`) and data
-        position and RNGs, then torch.compile, mixup and the speed meter."""
+        position and RNGs, DeiT distillation's teacher and loss (`distill`), then torch.compile, mixup and the speed
+        meter."""
         tr, info, model = self.tr, self.info, self.model
+        self.loss_fn = build_distillation(self.recipe.distill, model, self.trained_pre, self.num_classes,
+                                          tr.label_smoothing, info.device)
         self.net = wrap_model(model, info, tr.parallel)
         self.optimizer = build_optimizer(self.net if tr.parallel == "fsdp" else model, self.recipe.optim)
         self.ema = None
@@ -383,7 +387,7 @@ class Run:
         result = train_step(self.net, self.optimizer, batches, lr=self.lr, device=self.info.device,
                             precision=self.precision, clip_grad_norm=self.recipe.optim.clip_grad_norm,
                             label_smoothing=tr.label_smoothing, mix=self.mix, accum_steps=tr.accum_steps,
-                            info=self.info, on_loss=self.on_loss)
+                            info=self.info, on_loss=self.on_loss, loss_fn=self.loss_fn)
         if not result.weights_finite:  # in memory only: raised before anything can save or evaluate them
             raise NonFiniteError(
                 f"step {state.step + 1}'s update overflowed float32 (loss {result.loss:.4g}, grad norm "

@@ -8,7 +8,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,7 @@ def train_step(
     accum_steps: int = 1,
     info: DistInfo | None = None,
     on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    loss_fn: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> StepResult:
     """One optimizer step over `accum_steps` micro-batches: forward, backward, clip, and the update only if the
     loss and the global gradient norm are finite on every process (otherwise the gradients are dropped). After an
@@ -69,6 +70,8 @@ def train_step(
 
     Args:
         on_loss: A hook applied to each micro-batch loss (tests inject NaN through it).
+        loss_fn: The loss of (model output, targets, inputs), computed in fp32 outside autocast; default the
+            cross-entropy of the logits with `label_smoothing` (DeiT distillation: `vitlab.train.distill`).
     """
     info = info or DistInfo(device=device)
     for group in optimizer.param_groups:
@@ -87,7 +90,10 @@ def train_step(
         no_sync = contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, model).no_sync()
         with no_sync, autocast(device, precision), rowmajor_weight_grads(device, precision):
             logits = model(x)  # (B, classes)
-        loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
+        if loss_fn is not None:
+            loss = loss_fn(logits, y, x)
+        else:
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=label_smoothing)
         if on_loss is not None:
             loss = on_loss(loss)
         (loss / accum_steps).backward()

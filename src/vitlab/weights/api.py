@@ -191,9 +191,15 @@ def load_model(
     report = LoadReport(str(ckpt.source), ckpt.format)
     if ckpt.config is not None:
         cfg = ckpt.config
+        report.sources = {k: ckpt.sources.get(k, f"the config stored with the weights ({ckpt.format})")
+                          for k in _ARCH_FIELDS}
     else:
-        cfg, report.inferred, notes = infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source),
-                                                   img_size_hint=overrides.get("img_size"))
+        shapes: dict[str, str] = {}
+        known = {**ckpt.known, **{k: v for k, v in overrides.items() if k in _DECIDING}}
+        cfg, report.inferred, notes = infer_config(ckpt.state, known, ckpt.grid, str(ckpt.source),
+                                                   img_size_hint=overrides.get("img_size"), sources=shapes)
+        report.sources = {**{k: ckpt.sources.get(k, f"the file's config ({ckpt.format})") for k in ckpt.known
+                             if k in _ARCH_FIELDS}, **shapes}
         report.messages.extend(notes)
         if ckpt.format == "hf" and "layer_norm_eps" not in ckpt.known and "layer_norm_eps" not in overrides:
             report.messages.append("no config.json beside the transformers weights: layer_norm_eps=1e-6 assumed "
@@ -204,6 +210,7 @@ def load_model(
                  ", ".join(f"{k}={v}" for k, v in report.inferred.items()))
     if overrides:
         cfg = cfg.replace(**overrides)
+        report.sources.update({k: "load_model argument" for k in overrides if k in _ARCH_FIELDS})
     try:
         model = _uninitialised(cfg, ckpt)
     except ValueError as e:
@@ -218,6 +225,16 @@ def load_model(
         model.preprocess = resolve_preprocess(ckpt.preprocess, img_size=cfg.img_size, in_chans=cfg.in_chans)
     model.eval()
     return (model, report) if return_report else model
+
+
+# The fields whose values change a model's numbers (the report says where each came from).
+_ARCH_FIELDS = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "img_size", "in_chans", "num_classes",
+                "class_token", "pool", "pos_embed", "representation_size", "layer_norm_eps", "qkv_bias", "act", "mlp",
+                "mlp_norm", "layer_scale", "reg_tokens", "no_embed_class", "distilled", "fc_norm", "pre_norm",
+                "patch_bias", "hybrid_layers", "hybrid_width", "rope", "rope_theta", "rope_ref_grid")
+# Fields the tensors cannot decide: a load_model argument settles them before the shapes are read (so a refusal
+# that names one of them is answered by passing it).
+_DECIDING = ("num_heads", "act", "layer_norm_eps", "no_embed_class", "pool", "rope", "rope_theta", "rope_ref_grid")
 
 
 class _NoInit(VisionTransformer):

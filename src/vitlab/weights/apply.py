@@ -135,7 +135,7 @@ def _fit_pos_embed(model: VisionTransformer, given: torch.Tensor, dst: torch.Ten
             f"{report.source}: pos_embed is {tuple(given.shape)} in the checkpoint but "
             f"{tuple(dst.shape)} in the model (different width)"
         )
-    prefix = model.num_prefix_tokens
+    prefix = model.cfg.pos_prefix_rows  # none with no_embed_class (DINOv2 with registers, DeiT-III)
     n = src.shape[1] - prefix
     try:
         grid = (src_grid[0], src_grid[1]) if src_grid is not None else infer_grid(n)

@@ -8,7 +8,6 @@ torchvision) inside a `.safetensors` / `.pth` / `.bin` file.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,15 @@ from typing import Any
 import torch
 
 from ..models import preprocess as pp
-from ..models.config import ViTConfig
+from ..models.config import ViTConfig, to_hw
 from ..models.resnet import ResNetConfig, config_from_dict
-from . import big_vision, bit, hf, npz, ours, safety, timm, torchvision
+from . import big_vision, bit, dinov2, eva, hf, hf_families, npz, openclip, ours, safety, timm, timm_arch, torchvision
+from .converted import Converted, Unfixed
 from .hub import resolve
 from .infer import infer_config
 from .report import WeightsError
 
-FORMATS = ("vitlab", "npz", "big_vision", "timm", "hf", "torchvision")
+FORMATS = ("vitlab", "npz", "big_vision", "timm", "hf", "torchvision", "openclip", "dinov2")
 # Where training scripts nest the model's state dict inside a checkpoint dict.
 _NESTED = ("state_dict", "model", "model_state_dict", "module", "state_dict_ema", "model_ema")
 _HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -39,6 +39,8 @@ class Checkpoint:
         state: Tensors named as in our model (timm's names).
         config: The full ViTConfig when the file carries one (ours, or ours beside it).
         known: Config fields the file states outright (transformers config.json, heads of a .npz).
+        sources: For each field of `known` (or of `config`), where in the file it was read ("config.json
+            model_args", "architecture name vit_so400m_patch14_siglip_gap_224", ...); shown in the LoadReport.
         grid: The checkpoint's position-embedding grid, when its config fixes it.
         meta: Free-form metadata stored with it (ours: what `save_weights` was given; transformers, timm and
             torchvision: "class_names" from id2label, label_names or the header `export` wrote).
@@ -55,6 +57,7 @@ class Checkpoint:
     state: dict[str, torch.Tensor]
     config: ViTConfig | ResNetConfig | None = None
     known: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
     grid: tuple[int, int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     default_resize: str = "bicubic"
@@ -119,9 +122,11 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
             return Checkpoint(path, "npz", state, known=hints)
         if big_vision.matches(arrays):  # params/ prefix, top-level pos_embedding, scanned blocks, MAP head
             state, hints = big_vision.to_ours(arrays, src)
-            return Checkpoint(path, "big_vision", state, known=hints, default_resize="jax")  # scipy zoom, order 1
+            return Checkpoint(path, "big_vision", state, known={"act": "gelu", **hints}, sources=_google_sources(),
+                              default_resize="jax")  # scipy zoom, order 1
         state, hints = npz.to_ours(arrays, src)
-        return Checkpoint(path, "npz", state, known=hints, default_resize="jax")
+        return Checkpoint(path, "npz", state, known={"act": "gelu", **hints}, sources=_google_sources(),
+                          default_resize="jax")
     if path.suffix == ".safetensors":
         header = ours.read_header(path)
         tensors = ours.load_tensors(path)
@@ -141,7 +146,24 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return ckpt
 
 
+def _google_sources() -> dict[str, str]:
+    """Where the fields of a Google `.npz` come from: the heads from the query kernel's shape; the activation by the
+    convention timm and torchvision read these files with (exact GELU). Google's flax MlpBlock calls nn.gelu, the
+    tanh approximation: `act="gelu_tanh"` reproduces Google's own forward (docs/weights.md, "vit_jax .npz")."""
+    return {"num_heads": "the .npz query kernel's shape (D, heads, D/heads)",
+            "act": "exact GELU, as timm reads Google's .npz (Google's flax code: act='gelu_tanh')"}
+
+
 def _read_dir(path: Path) -> Checkpoint:
+    if (path / openclip.CONFIG_FILE).exists():  # an OpenCLIP Hub folder: open_clip_config.json beside its weights
+        weights_file = next((path / n for n in openclip.WEIGHT_FILES if (path / n).exists()), None)
+        if weights_file is None:
+            raise WeightsError(f"{path}: {openclip.CONFIG_FILE} without OpenCLIP weights "
+                               f"({', '.join(openclip.WEIGHT_FILES)})")
+        ckpt = _from_tensors(ours.load_tensors(weights_file) if weights_file.suffix == ".safetensors" else _unwrap(
+            safety.torch_load(weights_file), str(weights_file)), weights_file)
+        ckpt.source = path
+        return ckpt
     cfg_file = path / "config.json"
     weights = next((path / n for n in _HF_WEIGHTS if (path / n).exists()), None)
     if weights is None:
@@ -168,6 +190,15 @@ def _read_dir(path: Path) -> Checkpoint:
 def _from_tensors(tensors: dict[str, torch.Tensor], path: Path) -> Checkpoint:
     src = str(path)
     keys = set(tensors)
+    family = _hf_family(path, keys)
+    if family is not None:  # transformers' DINOv2 / CLIP / SigLIP / MAE / DeiT, by config.json's model_type
+        return _foreign(path, "hf", hf_families.convert(tensors, family, src, str(_beside(path))))
+    if dinov2.matches(keys):  # before timm's: the same block names, with mask_token / register_tokens
+        return _foreign(path, "dinov2", dinov2.convert(tensors, src))
+    if openclip.matches(keys):
+        return _foreign(path, "openclip", _openclip(tensors, path))
+    if eva.matches(keys):  # timm's Eva class (EVA-02, DINOv3): its own names, RoPE
+        return _foreign(path, "timm", eva.convert(tensors, src))
     if bit.matches_timm(keys):  # timm's resnetv2_*_bit (a BiT ResNet, vitlab.models.resnet)
         return Checkpoint(path, "timm", bit.timm_to_ours(tensors, src))
     if timm.matches(keys):
@@ -181,6 +212,41 @@ def _from_tensors(tensors: dict[str, torch.Tensor], path: Path) -> Checkpoint:
         f"{path}: not a ViT checkpoint in any known layout (timm, transformers, torchvision, vit_jax .npz, "
         f"vitlab .safetensors); first tensor names: {sample}"
     )
+
+
+def _beside(path: Path) -> Path:
+    return (path if path.is_dir() else path.parent) / "config.json"
+
+
+def _hf_family(path: Path, keys: set[str]) -> dict[str, Any] | None:
+    """The transformers config.json beside `path` when its model_type is a family `hf_families` reads (or
+    refuses) and the tensors are a transformers vision model's."""
+    file = _beside(path)
+    if not hf_families.matches(keys) or not file.exists():
+        return None
+    data = _read_json(file, "config.json beside the checkpoint")
+    return data if hf_families.handles(data) else None
+
+
+def _openclip(tensors: dict[str, torch.Tensor], path: Path) -> Converted:
+    """An OpenCLIP state dict, with the open_clip_config.json beside it (its model_cfg and preprocess_cfg)."""
+    file = path.parent / openclip.CONFIG_FILE
+    config = _read_json(file, "OpenCLIP config beside the checkpoint") if file.exists() else None
+    conv = openclip.convert(tensors, str(path), config, str(file))
+    if isinstance(config, dict):
+        conv.preprocess = openclip.preprocess_from(config, conv.known["img_size"], str(file))
+    return conv
+
+
+def _foreign(path: Path, fmt: str, conv: Converted) -> Checkpoint:
+    """A Checkpoint of a converted foreign layout; its grid from the image size the file fixes."""
+    grid = None
+    if "img_size" in conv.known:
+        h, w = to_hw(conv.known["img_size"])
+        patch = int(conv.state["patch_embed.proj.weight"].shape[-1])
+        grid = (h // patch, w // patch)
+    return Checkpoint(path, fmt, conv.state, known=conv.known, sources=conv.sources, grid=grid,
+                      default_resize=conv.default_resize, preprocess=conv.preprocess)
 
 
 def _unwrap(obj: Any, source: str) -> dict[str, torch.Tensor]:
@@ -234,6 +300,10 @@ def _config_beside(ckpt: Checkpoint) -> None:
         if ckpt.format != "hf":
             return  # someone else's config; the tensors speak for themselves
         _processor_beside(ckpt, base)
+        if hf_families.handles(data):  # its fields were read with the tensors (_from_tensors)
+            if names := hf_families.class_names(data):
+                ckpt.meta["class_names"] = names
+            return
         try:
             known = hf.config_from_hf(data, str(file))
         except (TypeError, ValueError, KeyError, AttributeError) as e:  # values of the wrong type or form
@@ -310,8 +380,9 @@ def _short(e: BaseException) -> str:
 
 
 def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
-    """A timm hub config.json ({"architecture", "num_classes", "pretrained_cfg": {...}}): the preprocessing, the
-    class count, and the patch size / input size its architecture name states (vit_base_patch16_224)."""
+    """A timm hub config.json ({"architecture", "num_classes", "model_args"?, "pretrained_cfg": {...}}): the
+    preprocessing, and every architecture field its architecture name and model_args fix as timm builds them
+    (`vitlab.weights.timm_arch.fields_for`), each with where it came from."""
     if ckpt.format not in ("timm", "npz", "big_vision"):
         return
     try:
@@ -320,18 +391,15 @@ def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
         raise
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise WeightsError(f"{file}: bad timm pretrained_cfg: {e}") from e
-    arch = str(data.get("architecture", ""))
-    m = re.search(r"patch(\d+)_(\d+)", arch)
-    if m and "_r50_" not in arch and "resnet" not in arch:  # hybrids name the ResNet stride, not the patch
-        ckpt.known.setdefault("patch_size", int(m.group(1)))
-    size = data["pretrained_cfg"].get("input_size")
-    if isinstance(size, list | tuple) and len(size) == 3:
-        ckpt.known.setdefault("img_size", size[1] if size[1] == size[2] else (size[1], size[2]))
-    elif m:
-        ckpt.known.setdefault("img_size", int(m.group(2)))
-    num_classes = data.get("num_classes", data["pretrained_cfg"].get("num_classes"))
-    if isinstance(num_classes, int) and not isinstance(num_classes, bool):
-        ckpt.known.setdefault("num_classes", num_classes)
+    model_args, pool = data.get("model_args"), data.get("global_pool")
+    if model_args is not None and not isinstance(model_args, dict):
+        raise WeightsError(f"{file}: model_args must be an object, got {type(model_args).__name__}")
+    fields = timm_arch.fields_for(str(data.get("architecture", "")), model_args, str(file),
+                                  pretrained_cfg=data["pretrained_cfg"], num_classes=data.get("num_classes"),
+                                  global_pool=pool if isinstance(pool, str) and pool else None)
+    for name, (value, where) in fields.items():
+        if name not in ckpt.known or isinstance(ckpt.known[name], Unfixed):  # what the tensors leave open
+            ckpt.known[name], ckpt.sources[name] = value, where
     names = data.get("label_names")
     if isinstance(names, list) and names and all(isinstance(n, str) for n in names):
         ckpt.meta.setdefault("class_names", names)

@@ -64,6 +64,7 @@ def convert(
     force: bool = False,
     pos_embed_resize: str | None = None,
     progress: bool = False,
+    hf_model_type: str | None = None,
     **overrides: Any,
 ) -> ConvertResult:
     """Convert the checkpoint `src` into `dst` in format `to`, carrying the source's metadata where `to` holds it.
@@ -75,6 +76,8 @@ def convert(
         force: Replace `dst` if it exists.
         pos_embed_resize: Resampling mode for `img_size` overrides (default: "jax" for .npz sources, else bicubic).
         progress: A two-step progress bar (read, write) on stderr when stderr is a terminal.
+        hf_model_type: For `to="hf"`, the transformers model_type to write (default: the one that computes the
+            model; "vit_mae" writes a ViTMAEModel; see `vitlab.weights.hf_families.model_type_for`).
         **overrides: ViTConfig fields changed while loading, e.g. `img_size=384`, `num_classes=10`, `num_heads=12`.
 
     Returns:
@@ -97,6 +100,6 @@ def convert(
         bar.update()
         bar.set_postfix_str(f"writing {dst}")
         meta = {**read_metadata(src), "converted_from": {"path": str(src), "format": report.format}}
-        _, notes = export(model, dst, to, metadata=meta, overwrite=force)
+        _, notes = export(model, dst, to, metadata=meta, overwrite=force, hf_model_type=hf_model_type)
         bar.update()
     return ConvertResult(dst, to, model, report, list(notes))

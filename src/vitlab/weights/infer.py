@@ -1,22 +1,26 @@
 """The architecture of a checkpoint from its tensor shapes, for checkpoints that come without a config.
 
 What the tensors fix exactly: width D and patch size P and input channels C (patch projection (D, C, P, P)),
-depth (the highest block index), MLP size (fc1 (M, D)), class token (present or not), position-embedding grid
-(rows of pos_embed, square unless a config says otherwise), classes (head (K, F)), pre-logits width, q/k/v
-biases. What they do not: the number of heads (q, k, v are stored fused, D x D either way), which we take from
-the named variant of that width (vitlab.models.config._WIDTHS) unless the format stores it (vit_jax's .npz does).
+depth (the highest block index), MLP size and kind (fc1 (M, D), fc2 (D, M) or SwiGLU's (D, M/2)), the tokens
+(class, distillation, registers), the position table's layout and grid (rows with or without the prefix tokens,
+square unless a config says otherwise), classes (head (K, F)), pre-logits width, biases, LayerScale, norm_pre,
+fc_norm, the MAP head. What they do not: the number of heads (q, k, v are stored fused, D x D either way), the
+MLP's activation and the LayerNorm eps. Those come from the file's config; else from the variant table (heads of a
+class-token ViT whose width is a named variant's) or the one convention every ViT with these tensors follows; where
+ViTs in use disagree, the loader refuses and names the argument (`infer_config`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
 import torch
 
 from ..models.config import _WIDTHS, VARIANTS, ViTConfig, pixels_per_token, to_hw
-from ..models.posembed import infer_grid
 from . import bit
+from .converted import Unfixed
 from .report import WeightsError
 
 _BLOCK_RE = re.compile(r"blocks\.(\d+)\.")
@@ -53,57 +57,81 @@ def infer_config(
     grid: tuple[int, int] | None = None,
     source: str = "checkpoint",
     img_size_hint: int | tuple[int, int] | None = None,
+    sources: dict[str, str] | None = None,
 ) -> tuple[ViTConfig, dict[str, Any], list[str]]:
     """Build the ViTConfig a state dict (our names) was made with.
 
+    Each field comes from `known` (what the file's own config states), else from the tensor shapes where they
+    decide it, else from the convention of the only layout that has these tensors (timm's defaults: exact GELU,
+    LayerNorm eps 1e-6); where the ViTs that have such tensors disagree (the activation of a CLIP, SigLIP or
+    class-token-free file; the heads of a width outside the variant table, or of a file without a class token),
+    WeightsError names the field and the `load_model` argument that sets it. Nothing is guessed silently.
+
     Args:
         state: Tensors in our (timm's) names.
-        known: Fields the file states outright (from its config, or heads from a .npz); they win over guesses.
+        known: Fields the file states outright (from its config, or heads from a .npz); they win over the shapes.
         grid: The position-embedding grid, when the file's config gives it (non-square grids).
         source: Name used in messages.
         img_size_hint: The image size the caller asked for; taken as the checkpoint's own when its table is not
             a square grid but fits this size (a non-square checkpoint without a config).
+        sources: Filled with field -> where its value came from, for the fields decided here.
 
     Returns:
-        (config, inferred fields -> value, messages on guesses the shapes cannot settle); for a BiT ResNet's
-        tensors the config is a `ResNetConfig` (`vitlab.weights.bit.infer_config`).
+        (config, inferred fields -> value, notes on conventions taken); for a BiT ResNet's tensors the config is
+        a `ResNetConfig` (`vitlab.weights.bit.infer_config`).
     """
     if bit.matches_state(state):
         return bit.infer_config(state, known, source)  # type: ignore[return-value]
     known = dict(known or {})
+    for name, value in known.items():  # a field the file's layout leaves open (vitlab.weights.converted.Unfixed)
+        if isinstance(value, Unfixed):
+            raise WeightsError(f"{source}: the file does not fix {name} ({value.why}); pass {name}=... to load_model")
+    why: dict[str, str] = {} if sources is None else sources
     blocks = _check_tensors(state, source)
     D, C, ph, _ = state["patch_embed.proj.weight"].shape
     hybrid = _hybrid_fields(state, source)
+    fc1, fc2 = state["blocks.0.mlp.fc1.weight"], state.get("blocks.0.mlp.fc2.weight")
     inferred: dict[str, Any] = dict(
         embed_dim=int(D), in_chans=int(C), patch_size=int(ph), depth=max(blocks) + 1,
-        mlp_dim=int(state["blocks.0.mlp.fc1.weight"].shape[0]),
+        mlp_dim=int(fc1.shape[0]),
         class_token="cls_token" in state,
         qkv_bias="blocks.0.attn.qkv.bias" in state,
         num_classes=int(state["head.weight"].shape[0]) if "head.weight" in state else 0,
         representation_size=int(state["pre_logits.fc.weight"].shape[0]) if "pre_logits.fc.weight" in state else None,
+        patch_bias="patch_embed.proj.bias" in state,
+        pre_norm="norm_pre.weight" in state,
+        fc_norm="fc_norm.weight" in state,
+        layer_scale=1e-5 if "blocks.0.ls1.gamma" in state else None,  # the init value; the loaded gammas replace it
+        reg_tokens=int(state["reg_token"].shape[1]) if "reg_token" in state else 0,
+        distilled="dist_token" in state,
+        mlp_norm="blocks.0.mlp.norm.weight" in state,
+        mlp="swiglu" if fc2 is not None and fc2.dim() == 2 and 2 * fc2.shape[1] == fc1.shape[0] else "mlp",
     )
     inferred.update(hybrid)
-    inferred["pool"] = "token" if inferred["class_token"] else "gap"
+    for k in inferred:
+        why[k] = "tensor shapes"
+    if "attn_pool.latent" in state:
+        inferred["pool"], why["pool"] = "map", "tensor shapes (attn_pool)"
+    elif inferred["fc_norm"] or not inferred["class_token"]:
+        inferred["pool"], why["pool"] = "gap", "tensor shapes (" + ("fc_norm" if inferred["fc_norm"] else
+                                                                    "no class token") + ")"
+    else:
+        inferred["pool"], why["pool"] = "token", "timm's default for a class token without fc_norm"
     # pixels per token: P, or the hybrid ResNet's stride x P
     pixel = pixels_per_token(int(ph), hybrid.get("hybrid_layers"))
     notes: list[str] = []
     if "pos_embed" in state:
         inferred["pos_embed"] = "learned"
-        n = state["pos_embed"].shape[-2] - int(inferred["class_token"])
+        prefix = int(inferred["class_token"]) + int(inferred["distilled"]) + inferred["reg_tokens"]
+        rows = state["pos_embed"].shape[-2]
         if grid is None and "img_size" in known:
             grid = _grid(known["img_size"], pixel)
-        if grid is None:
-            try:
-                grid = infer_grid(n)
-            except ValueError:
-                hint = _grid(img_size_hint, pixel) if img_size_hint is not None else None
-                if hint is not None and hint[0] * hint[1] == n:
-                    grid = hint
-                else:
-                    raise WeightsError(
-                        f"{source}: position embedding has {n} patch rows, not a square grid; "
-                        "pass img_size=(H, W) to load_model"
-                    ) from None
+        # a table without prefix rows is read only where timm uses one (DeiT-III, registers: LayerScale or registers)
+        either = inferred["layer_scale"] is not None or inferred["reg_tokens"] > 0
+        inferred["no_embed_class"], grid = _table_layout(rows, prefix, grid, img_size_hint, pixel,
+                                                         known if either else {"no_embed_class": False, **known},
+                                                         source)
+        why["no_embed_class"] = why["img_size"] = "tensor shapes (position table rows)"
         inferred["img_size"] = grid[0] * pixel if grid[0] == grid[1] else (grid[0] * pixel, grid[1] * pixel)
     elif "pos_embed" not in known:
         inferred["pos_embed"] = "none"
@@ -113,9 +141,12 @@ def infer_config(
         notes.append(f"pos_embed={known['pos_embed']!r} stores no table, so the file does not fix the input size: "
                      "img_size=224 assumed (pass img_size=... if it was trained at another)")
     if "num_heads" not in known:
-        inferred["num_heads"], why = _guess_num_heads(int(D), source)
-        notes.append(f"num_heads={inferred['num_heads']} taken from {why}: the tensors do not store it; pass "
+        inferred["num_heads"], why["num_heads"] = _num_heads(int(D), inferred["class_token"], source)
+        notes.append(f"num_heads={inferred['num_heads']} from {why['num_heads']}: the tensors do not store it; pass "
                      "num_heads=... if the checkpoint was trained with another")
+    for name, value, note in _conventions({**inferred, **known}, source):
+        if name not in known:
+            inferred[name], why[name] = value, note
     fields = {**inferred, **{k: v for k, v in known.items() if k != "class_names"}}
     shown = {k: v for k, v in inferred.items() if k not in known}
     fields["name"] = _variant_name(fields)
@@ -123,7 +154,70 @@ def infer_config(
         cfg = ViTConfig.from_dict(fields)
     except (ValueError, TypeError) as e:  # e.g. a zero-sized tensor gives mlp_dim=0
         raise WeightsError(f"{source}: the tensor shapes give no valid ViT: {e}") from e
+    for k in known:
+        why.pop(k, None)
     return cfg, shown, notes
+
+
+def _table_layout(rows: int, prefix: int, grid: tuple[int, int] | None, hint: Any, pixel: int,
+                  known: dict[str, Any], source: str) -> tuple[bool, tuple[int, int]]:
+    """(no_embed_class, grid) of a position table with `rows` rows for a model with `prefix` prefix tokens: the
+    table covers the patches only (DeiT-III, DINOv2 with registers in timm) or the prefix tokens too."""
+    if "no_embed_class" in known:
+        layouts = [bool(known["no_embed_class"])]
+    else:
+        layouts = [False, True] if prefix else [False]
+    fits: list[tuple[bool, tuple[int, int]]] = []
+    if grid is None and hint is not None:  # the size asked for, where the table fits it (non-square checkpoints)
+        g = _grid(hint, pixel)
+        fits = [(e, g) for e in layouts if g[0] * g[1] == rows - (0 if e else prefix)]
+    for no_embed in layouts if not fits else ():
+        n = rows - (0 if no_embed else prefix)
+        if grid is not None:
+            if grid[0] * grid[1] == n:
+                fits.append((no_embed, grid))
+            continue
+        side = math.isqrt(max(n, 0))
+        if n > 0 and side * side == n:
+            fits.append((no_embed, (side, side)))
+    if len(fits) == 1:
+        return fits[0]
+    if len(fits) > 1:
+        raise WeightsError(f"{source}: a position table of {rows} rows fits {fits[0][1]} patches with the {prefix} "
+                           f"prefix rows and {fits[1][1]} without; pass no_embed_class=... (or img_size=...)")
+    if grid is not None:
+        raise WeightsError(f"{source}: the position table has {rows} rows, which fits neither the {grid[0]}x{grid[1]} "
+                           f"grid of the stated image size nor it plus {prefix} prefix rows")
+    raise WeightsError(f"{source}: position embedding has {rows} rows ({prefix} prefix tokens), not a square grid of "
+                       "patches; pass img_size=(H, W) to load_model (and no_embed_class=True if the table has no "
+                       "prefix rows)")
+
+
+def _conventions(fields: dict[str, Any], source: str) -> list[tuple[str, Any, str]]:
+    """The fields no tensor stores, where every ViT with these tensors agrees; WeightsError where they do not."""
+    out: list[tuple[str, Any, str]] = []
+    if fields.get("rope") == "eva02" and "rope_ref_grid" not in fields:
+        raise WeightsError(f"{source}: the file does not fix rope_ref_grid (EVA-02's RoPE spans its pre-training grid "
+                           "at every input size, timm's ref_feat_shape: (16, 16) for the eva02_*_patch14 models); pass "
+                           "rope_ref_grid=(rows, cols), or None for plain patch indices, to load_model")
+    if "act" not in fields:
+        if fields.get("mlp") == "swiglu":
+            out.append(("act", "silu", "SwiGLU's SiLU (every published SwiGLU ViT)"))
+        else:
+            family = ("a CLIP (norm_pre): OpenAI's use quick_gelu, LAION's gelu" if fields.get("pre_norm") else
+                      "a MAP head (SigLIP: gelu, SigLIP2: gelu_tanh)" if fields.get("pool") == "map" else
+                      "no class token (timm's *_gap: gelu, SigLIP-GAP: gelu_tanh)" if not fields.get("class_token")
+                      else None)
+            if family is not None:
+                raise WeightsError(f"{source}: the file does not fix act (the MLP's activation) for {family}; pass "
+                                   "act='gelu' | 'gelu_tanh' | 'quick_gelu' to load_model")
+            out.append(("act", "gelu", "timm's default (exact GELU) for a class-token ViT without norm_pre"))
+    if "layer_norm_eps" not in fields:
+        if fields.get("pre_norm"):
+            out.append(("layer_norm_eps", 1e-5, "CLIP's LayerNorm eps 1e-5 (every CLIP with norm_pre)"))
+        else:
+            out.append(("layer_norm_eps", 1e-6, "timm's default LayerNorm eps for this layout"))
+    return out
 
 
 def _check_tensors(state: dict[str, torch.Tensor], source: str) -> set[int]:
@@ -146,14 +240,16 @@ def _check_tensors(state: dict[str, torch.Tensor], source: str) -> set[int]:
     return blocks
 
 
-def _guess_num_heads(width: int, source: str) -> tuple[int, str]:
-    """num_heads for a width the tensors do not settle, and where it came from."""
+def _num_heads(width: int, class_token: bool, source: str) -> tuple[int, str]:
+    """num_heads for a width the tensors do not settle, from the variant table, and where it came from. Only for
+    class-token ViTs: without a class token the same widths come with other head counts (timm's
+    vit_base_patch16_gap_224: 16 at 768; SigLIP So400m: 16 at 1152), so the file must say."""
     row = next((name for name, r in _WIDTHS.items() if r["embed_dim"] == width), None)
-    if row is not None:
-        return _WIDTHS[row]["num_heads"], f"the ViT-{row} row of the variant table"
-    if width % 64 == 0:
-        return width // 64, "head width 64, as in every named variant"
-    raise WeightsError(f"{source}: cannot infer num_heads for width {width}; pass num_heads=... to load_model")
+    if row is not None and class_token:
+        return _WIDTHS[row]["num_heads"], f"the ViT-{row} row of the variant table (width {width})"
+    why = f"width {width} is no variant of the table" if row is None else \
+        f"width {width} without a class token has more than one head count in use"
+    raise WeightsError(f"{source}: the file does not fix num_heads ({why}); pass num_heads=... to load_model")
 
 
 def _grid(img_size: int | tuple[int, int], patch: int) -> tuple[int, int]:

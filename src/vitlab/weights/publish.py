@@ -17,10 +17,13 @@ timm's tensor names). huggingface_hub is imported only when the Hub is used.
 `export` writes the five formats of `vitlab convert --to`:
     vitlab       our .safetensors (`save_weights`)
     npz          Google's vit_jax names (`save_weights`)
-    hf           a transformers directory: config.json (model_type "vit"), model.safetensors in transformers'
-                 names, preprocessor_config.json from the model's preprocessing
+    hf           a transformers directory: config.json (model_type "vit", or the family that computes the model:
+                 dinov2, dinov2_with_registers, clip_vision_model, siglip_vision_model, deit, vit_mae; see
+                 `vitlab.weights.hf_families`), model.safetensors in transformers' names, preprocessor_config.json
+                 from the model's preprocessing
     torchvision  a state dict for torchvision's `VisionTransformer(...)` (`vit_b_16` family), .pth
-    timm         a state dict in timm's names for `timm.create_model(arch, **kwargs)`, .safetensors or .pth
+    timm         a state dict in timm's names for `timm.create_model(arch, **kwargs)`, .safetensors or .pth (a model
+                 with RoPE: timm's Eva class, `vitlab.weights.eva`)
 A model another library cannot compute is refused with the reason (hybrids for transformers and torchvision,
 the pre-logits layer for transformers and timm, average pooling for transformers and torchvision).
 """
@@ -43,7 +46,7 @@ from ..models.preprocess import Preprocess
 from ..models.resnet import ResNetConfig
 from ..utils.io import atomic_write, staged
 from ..utils.version import __version__
-from . import hf, hub, ours, torchvision
+from . import eva, hf, hf_families, hub, ours, torchvision
 from .api import load_model, save_weights
 from .report import WeightsError
 
@@ -223,6 +226,7 @@ def export(
     *,
     metadata: dict[str, Any] | None = None,
     overwrite: bool = False,
+    hf_model_type: str | None = None,
 ) -> tuple[Path, list[str]]:
     """Write `model` as file(s) that `to`'s library loads (see the module docstring for the formats).
 
@@ -235,6 +239,9 @@ def export(
             a "timm" / "torchvision" .safetensors file (`timm.label_names`, `torchvision.categories`: the words
             those libraries use); a .pth state dict has no place for them (a note says so).
         overwrite: Replace existing files.
+        hf_model_type: For "hf", the transformers model_type to write ("vit" or one of
+            `vitlab.weights.hf_families.WRITE`); default: the one that computes the model (ViT for the paper's,
+            DINOv2, CLIP, SigLIP or DeiT for those options; MAE's encoder only when asked).
 
     Returns:
         The path written and notes (how to load it, what was made explicit, what differs).
@@ -256,10 +263,16 @@ def export(
         if dst.suffix != want:
             raise ValueError(f"{dst}: --to {to} writes a {want} file; name it so")
         return save_weights(model, dst, metadata if to == "vitlab" else None, overwrite=overwrite), []
-    if to == "hf":
-        tensors, notes = hf.from_ours(state, cfg, name)
-        _write_hf_dir(dst, tensors, hf.config_to_hf(cfg, names), getattr(model, "preprocess", None), overwrite, notes)
-        notes.append(f"load with transformers.ViTForImageClassification.from_pretrained({str(dst)!r})")
+    if to == "hf":  # the transformers class that computes the model: ViT, or a family (hf_families.model_type_for)
+        kind = hf_families.model_type_for(cfg, name, hf_model_type)
+        if kind == "vit":
+            tensors, notes = hf.from_ours(state, cfg, name)
+            config = hf.config_to_hf(cfg, names)
+        else:
+            notes = []
+            tensors, config = hf_families.from_ours(state, cfg, name, kind, notes, names)
+        _write_hf_dir(dst, tensors, config, getattr(model, "preprocess", None), overwrite, notes)
+        notes.append(f"load with transformers.{config['architectures'][0]}.from_pretrained({str(dst)!r})")
         return dst, notes
     if to == "torchvision":
         tensors, notes = torchvision.from_ours(state, cfg, name)
@@ -276,7 +289,7 @@ def export(
         return dst, notes
     arch, kwargs, notes = timm_args(cfg, name)
     _warn_inexact(dst, notes)
-    tensors = dict(state)
+    tensors = eva.from_ours(state, cfg, name) if cfg.rope is not None else dict(state)  # RoPE: timm's Eva names
     if "pos_embed" not in tensors and cfg.pos_embed == "sincos2d":
         pos = torch.zeros(1, cfg.seq_len, cfg.embed_dim, dtype=tensors["patch_embed.proj.weight"].dtype)
         pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, cfg.embed_dim).to(pos.dtype)
@@ -300,6 +313,8 @@ def timm_args(cfg: ViTConfig, source: str = "model") -> tuple[str, dict[str, Any
     Raises:
         WeightsError: timm's VisionTransformer cannot compute it.
     """
+    if cfg.rope is not None:  # EVA-02 / DINOv3: timm's Eva class (eva.py)
+        return eva.timm_args(cfg, source)
     notes: list[str] = []
     if cfg.representation_size is not None:
         raise WeightsError(f"{source}: cannot write a timm VisionTransformer: it has a pre-logits layer "
@@ -322,14 +337,13 @@ def timm_args(cfg: ViTConfig, source: str = "model") -> tuple[str, dict[str, Any
         kwargs["pos_embed"] = "none"
     elif cfg.pos_embed == "sincos2d":
         notes.append("wrote the fixed sin-cos table as timm's learned pos_embed (class-token row zero)")
+    if cfg.hybrid_layers is None:
+        arch = _timm_family_args(cfg, kwargs, notes, source)
+        return arch, kwargs, notes
     if cfg.layer_norm_eps != 1e-6:
         notes.append(f"the model's LayerNorm eps is {cfg.layer_norm_eps:g} but timm builds 1e-6: logits differ "
                      "slightly unless the timm model is built with "
                      f"norm_layer=partial(nn.LayerNorm, eps={cfg.layer_norm_eps:g})")
-    if cfg.hybrid_layers is None:
-        sizes = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
-        arch = f"vit_{sizes.get(D, 'base')}_patch{cfg.patch_size}_224"
-        return arch, kwargs, notes
     hybrids = {(3, 4, 9): "vit_base_r50_s16_224", (2, 2, 2, 2): "vit_small_r26_s32_224", (): "vit_tiny_r_s16_p8_224"}
     hybrid_arch = hybrids.get(cfg.hybrid_layers)
     if hybrid_arch is None or cfg.hybrid_width != 64:
@@ -339,6 +353,48 @@ def timm_args(cfg: ViTConfig, source: str = "model") -> tuple[str, dict[str, Any
         notes.append(f"the model's ResNet uses {cfg.hybrid_eps}'s epsilons (weight standardisation, GroupNorm), timm's "
                      "ResNetV2 its own: logits differ slightly, most for filters of small variance")
     return hybrid_arch, kwargs, notes
+
+
+# timm architectures whose registered arguments hold what JSON keyword arguments cannot (a norm layer's eps, the
+# SwiGLU MLP class, the distilled model class); every other argument is overridden by `timm_args`' kwargs.
+_TIMM_BASES = {"clip": "vit_base_patch16_clip_224",  # norm_layer=nn.LayerNorm (eps 1e-5), pre_norm
+               "swiglu": "vit_giant_patch14_dinov2",  # mlp_layer=SwiGLUPacked, act_layer=SiLU
+               "distilled": "deit_base_distilled_patch16_224"}  # VisionTransformerDistilled
+
+
+def _timm_family_args(cfg: ViTConfig, kwargs: dict[str, Any], notes: list[str], source: str) -> str:
+    """The timm architecture to build `cfg` from, with the later families' options added to `kwargs`."""
+    if cfg.patch_bias == cfg.pre_norm:
+        raise WeightsError(f"{source}: cannot write a timm VisionTransformer: timm's patch projection has a bias "
+                           f"exactly when pre_norm is off, and this model has patch_bias={cfg.patch_bias}, "
+                           f"pre_norm={cfg.pre_norm}")
+    needs = [k for k, on in (("clip", cfg.layer_norm_eps == 1e-5), ("swiglu", cfg.mlp == "swiglu"),
+                              ("distilled", cfg.distilled)) if on]
+    if len(needs) > 1:
+        raise WeightsError(f"{source}: cannot write a timm VisionTransformer: no timm architecture combines "
+                           f"{' and '.join(needs)} (LayerNorm eps 1e-5, SwiGLU, distillation token)")
+    if cfg.layer_norm_eps not in (1e-6, 1e-5):
+        notes.append(f"the model's LayerNorm eps is {cfg.layer_norm_eps:g} but timm builds 1e-6: logits differ "
+                     "slightly unless the timm model is built with "
+                     f"norm_layer=partial(nn.LayerNorm, eps={cfg.layer_norm_eps:g})")
+    kwargs.update(init_values=cfg.layer_scale, reg_tokens=cfg.reg_tokens, no_embed_class=cfg.no_embed_class,
+                  pre_norm=cfg.pre_norm, scale_mlp_norm=cfg.mlp_norm)
+    if cfg.act != "gelu" or needs == ["swiglu"]:
+        kwargs["act_layer"] = cfg.act
+    if cfg.pool == "map":
+        kwargs["global_pool"] = "map"
+    elif cfg.fc_norm:
+        kwargs["fc_norm"] = True
+    if needs:
+        return _TIMM_BASES[needs[0]]
+    sizes = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
+    arch = f"vit_{sizes.get(cfg.embed_dim, 'base')}_patch{cfg.patch_size}_224"
+    return arch if arch in _TIMM_PLAIN else "vit_base_patch16_224"  # a registered name; kwargs set the rest
+
+
+_TIMM_PLAIN = {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_small_patch32_224", "vit_small_patch8_224",
+               "vit_base_patch8_224", "vit_base_patch16_224", "vit_base_patch32_224", "vit_large_patch16_224",
+               "vit_large_patch32_224", "vit_huge_patch14_224"}
 
 
 def _write_state(tensors: dict[str, torch.Tensor], dst: Path, overwrite: bool, header: dict[str, str], *,

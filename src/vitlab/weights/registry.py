@@ -34,9 +34,16 @@ from .report import WeightsError
 
 REGISTRY_PATH = Path(__file__).with_name("registry.json")
 FORMATS = ("npz", "big_vision", "hf", "timm", "torchvision")
-LABELS = ("imagenet-1k", "imagenet-21k", "imagenet-21k-winter")
-_FIELDS = ("name", "aliases", "url", "filename", "format", "variant", "config", "num_classes", "img_size",
+# "image-text-embedding": the head is a CLIP / SigLIP projection into the joint image-text space, not classes
+LABELS = ("imagenet-1k", "imagenet-21k", "imagenet-21k-winter", "image-text-embedding")
+# the model family (paper) of an entry's weights: `vitlab weights list --family dinov2`
+FAMILIES = ("vit", "augreg", "swag", "bit", "deit", "deit3", "mae", "dinov2", "clip", "siglip", "siglip2", "eva02",
+            "dinov3")
+_FIELDS = ("name", "aliases", "url", "filename", "format", "variant", "family", "config", "num_classes", "img_size",
            "preprocess", "labels", "accuracy", "license", "sha256", "sha256_prefix", "publisher", "notes")
+# the fields a config must state when its variant is not one of vitlab's named ones ("ViT-So400m/14")
+_SHAPE = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size")
+_VARIANT_LABEL = re.compile(r"ViT-[A-Za-z0-9+.]+/\d+")
 _HEX = re.compile(r"[0-9a-f]+")
 _GCS = "https://storage.googleapis.com/"
 
@@ -53,7 +60,9 @@ class Entry:
         filename: For a Hub repo, the weights file to take; None otherwise.
         format: "npz" | "big_vision" | "hf" | "timm" | "torchvision".
         variant: The vitlab model name (a key of `vitlab.models.config.VARIANTS`, or of
-            `vitlab.models.resnet.VARIANTS` for the BiT ResNets).
+            `vitlab.models.resnet.VARIANTS` for the BiT ResNets), or for a shape vitlab does not name, a label
+            ("ViT-So400m/14", "ViT-g/14") whose config states embed_dim, depth, num_heads, mlp_dim and patch_size.
+        family: The model family of the weights (FAMILIES: "vit", "deit3", "dinov2", "clip", ...).
         config: ViTConfig (ResNetConfig) overrides that build this checkpoint's model, num_classes and img_size
             included.
         num_classes: Classes of the head (0: no head).
@@ -74,6 +83,7 @@ class Entry:
     filename: str | None
     format: str
     variant: str
+    family: str
     config: dict[str, Any] = field(hash=False)
     num_classes: int
     img_size: int
@@ -92,7 +102,7 @@ class Entry:
     def model_config(self, **overrides: Any) -> ViTConfig | ResNetConfig:
         """The ViTConfig (a BiT ResNet's: ResNetConfig) of this checkpoint's model (`overrides` win over the
         entry's)."""
-        return config_from_name(self.variant, **{**self.config, **overrides})
+        return _build(self.variant, {**self.config, **overrides})
 
     def to_preprocess(self) -> Preprocess:
         """The preprocessing as a `Preprocess`."""
@@ -104,6 +114,13 @@ class Entry:
         d["aliases"] = list(self.aliases)
         d["config"] = {k: v for k, v in self.config.items() if k not in ("num_classes", "img_size")}
         return d
+
+
+def _build(variant: str, config: dict[str, Any]) -> ViTConfig | ResNetConfig:
+    """A named variant with `config` over it, or a labelled shape ("ViT-So400m/14") built from `config` alone."""
+    if variant in VARIANTS or variant in BIT_VARIANTS:
+        return config_from_name(variant, **config)
+    return ViTConfig.from_dict({**config, "name": variant})
 
 
 # -- loading and validation -------------------------------------------------------------------------------------
@@ -128,8 +145,13 @@ def _entry(raw: Any, where: str) -> Entry:
     _check(isinstance(aliases, list) and all(isinstance(a, str) and a for a in aliases), where,
            "aliases must be a list of non-empty strings")
     _check(raw["format"] in FORMATS, where, f"format {raw['format']!r} is not one of {FORMATS}")
-    _check(raw["variant"] in VARIANTS or raw["variant"] in BIT_VARIANTS, where,
-           f"variant {raw['variant']!r} is not a vitlab variant ({', '.join([*VARIANTS, *BIT_VARIANTS])})")
+    extra = raw["config"]
+    _check(isinstance(extra, dict), where, "config must be an object")
+    labelled = _VARIANT_LABEL.fullmatch(raw["variant"]) is not None and set(_SHAPE) <= set(extra)
+    _check(raw["variant"] in VARIANTS or raw["variant"] in BIT_VARIANTS or labelled, where,
+           f"variant {raw['variant']!r} is not a vitlab variant ({', '.join([*VARIANTS, *BIT_VARIANTS])}), nor a "
+           f"label like 'ViT-So400m/14' with a config stating {', '.join(_SHAPE)}")
+    _check(raw["family"] in FAMILIES, where, f"family {raw['family']!r} is not one of {FAMILIES}")
     url = raw["url"]
     hub = url.startswith("hf-hub:")
     _check(hub or url.startswith("https://"), where, f"url {url!r} is neither https:// nor hf-hub:owner/repo")
@@ -139,13 +161,11 @@ def _entry(raw: Any, where: str) -> Entry:
     nc, size = raw["num_classes"], raw["img_size"]
     _check(isinstance(nc, int) and not isinstance(nc, bool) and nc >= 0, where, f"bad num_classes {nc!r}")
     _check(isinstance(size, int) and not isinstance(size, bool) and size > 0, where, f"bad img_size {size!r}")
-    extra = raw["config"]
-    _check(isinstance(extra, dict), where, "config must be an object")
     _check(not {"num_classes", "img_size"} & set(extra), where,
            "config must not repeat num_classes / img_size (they are entry fields)")
     config = {"num_classes": nc, "img_size": size, **extra}
     try:
-        config_from_name(raw["variant"], **config)
+        _build(raw["variant"], config)
     except (TypeError, ValueError) as e:
         raise WeightsError(f"{where}: config {extra} does not build a {raw['variant']}: {e}") from e
     try:
@@ -172,7 +192,7 @@ def _entry(raw: Any, where: str) -> Entry:
     if raw["sha256"] and raw["sha256_prefix"]:
         _check(raw["sha256"].startswith(raw["sha256_prefix"]), where, "sha256_prefix is not a prefix of sha256")
     return Entry(name=name, aliases=tuple(aliases), url=url, filename=raw["filename"], format=raw["format"],
-                 variant=raw["variant"], config=config, num_classes=nc, img_size=size,
+                 variant=raw["variant"], family=raw["family"], config=config, num_classes=nc, img_size=size,
                  preprocess=dict(raw["preprocess"]), labels=labels, accuracy=acc, license=raw["license"],
                  sha256=raw["sha256"], sha256_prefix=raw["sha256_prefix"], publisher=raw["publisher"],
                  notes=raw["notes"])
@@ -276,7 +296,8 @@ def _describe_preprocess(p: dict[str, Any]) -> str:
 
 # who reported an accuracy, from the start of its source (shown in the docs table; the full source is in the entry)
 _REPORTERS = (("vision_transformer README", "Google"), ("timm ", "timm"), ("torchvision ", "torchvision"),
-              ("facebookresearch/deit", "DeiT authors"))
+              ("facebookresearch/deit", "DeiT authors"), ("facebookresearch/dinov2", "DINOv2 authors"),
+              ("open_clip ", "OpenCLIP"), ("big_vision ", "Google"))
 
 
 def _reporter(source: str) -> str:
@@ -289,8 +310,8 @@ def _cell(text: Any) -> str:
 
 def markdown_table(entries: list[Entry] | None = None) -> str:
     """The registry as a Markdown table (docs/weights.md carries this exact text; a test keeps them equal)."""
-    rows = ["| name | variant | res | classes | preprocessing | reported top-1 | licence |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| name | family | variant | res | classes | preprocessing | reported top-1 | licence |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for e in entries if entries is not None else list_entries():
         if e.accuracy is None:
             accuracy = "-"
@@ -301,6 +322,6 @@ def markdown_table(entries: list[Entry] | None = None) -> str:
                 accuracy += f", {metric}"
         classes = f"{e.num_classes} ({e.labels})" if e.labels else "none (backbone)"
         rows.append("| " + " | ".join(_cell(c) for c in (
-            f"`{e.name}`", e.variant, e.img_size, classes, _describe_preprocess(e.preprocess), accuracy,
+            f"`{e.name}`", e.family, e.variant, e.img_size, classes, _describe_preprocess(e.preprocess), accuracy,
             e.license)) + " |")
     return "\n".join(rows) + "\n"

@@ -33,6 +33,8 @@ class LoadReport:
         missing: Model parameters the checkpoint did not provide (left as initialised).
         unexpected: Checkpoint tensors with no place in the model (only with `strict=False`).
         inferred: Config fields inferred from the checkpoint (by `load_model`), field -> value.
+        sources: Where each architecture field's value came from (by `load_model`), field -> "config.json
+            model_args", "tensor shapes", "load_model argument", ...
         messages: Human-readable notes, one per event.
     """
 
@@ -45,6 +47,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     inferred: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
 
     @property
@@ -62,5 +65,10 @@ class LoadReport:
                 lines.append(f"  {title} ({len(names)}): {', '.join(names)}")
         if self.inferred:
             lines.append("  inferred: " + ", ".join(f"{k}={v}" for k, v in self.inferred.items()))
+        if self.sources:
+            by: dict[str, list[str]] = {}
+            for k, where in self.sources.items():
+                by.setdefault(where, []).append(k)
+            lines.append("  fields from: " + "; ".join(f"{where}: {', '.join(ks)}" for where, ks in by.items()))
         lines.extend(f"  note: {m}" for m in self.messages)
         return "\n".join(lines)

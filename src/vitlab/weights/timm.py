@@ -2,7 +2,8 @@
 
 timm's `VisionTransformer` and ours share `patch_embed.proj`, `cls_token`, `pos_embed`, `blocks.{i}.norm1`,
 `blocks.{i}.attn.qkv`, `blocks.{i}.attn.proj`, `blocks.{i}.norm2`, `blocks.{i}.mlp.fc1/fc2`, `norm`, `head`
-(and older timm's `pre_logits.fc`), so nothing is renamed; neither are the hybrids' ResNetV2 tensors
+(and older timm's `pre_logits.fc`), and the later families' `ls1/ls2.gamma`, `reg_token`, `dist_token` /
+`head_dist`, `norm_pre`, `fc_norm`, `attn_pool.*`, so nothing is renamed; neither are the hybrids' ResNetV2 tensors
 (`patch_embed.backbone.*`). Options of timm's that change the function and that our model does not have are
 refused by name rather than silently ignored.
 """
@@ -15,15 +16,12 @@ from .report import WeightsError
 
 # timm-only tensors whose presence means a different network (key fragment -> what it is).
 _UNSUPPORTED = {
-    "fc_norm.": "a LayerNorm after pooling (timm global_pool='avg' with fc_norm); ours normalises before pooling "
-                "(Google's 'gap'). Rebuild the timm model with fc_norm=False",
-    "norm_pre.": "a LayerNorm before the blocks (CLIP-style pre_norm)",
-    "reg_token": "register tokens",
-    ".ls1.": "LayerScale",
-    ".ls2.": "LayerScale",
     "attn.q_norm.": "QK normalisation",
     "attn.k_norm.": "QK normalisation",
-    "attn_pool.": "attention pooling (MAP head)",
+    "attn.norm.": "a LayerNorm inside attention (scale_attn_norm)",
+    "patch_embed.norm.": "a LayerNorm after the patch embedding (embed_norm)",
+    "attn_pool.q_norm.": "QK normalisation in the MAP head",
+    "attn_pool.pos_embed": "a position embedding inside the MAP head",
 }
 
 

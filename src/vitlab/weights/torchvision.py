@@ -98,6 +98,8 @@ def model_args(cfg: ViTConfig, source: str = "model") -> dict[str, Any]:
         why = f"it pools with pool={cfg.pool!r}; torchvision's VisionTransformer classifies the class token"
     elif cfg.num_classes == 0:
         why = "it has no head (num_classes=0); torchvision's VisionTransformer always has one (pass --num-classes)"
+    elif cfg.family_options():  # later families' options (RoPE, LayerScale, registers, ...): not in torchvision's ViT
+        why = f"it uses {cfg.family_options()}, which torchvision's VisionTransformer does not have"
     if why:
         raise WeightsError(f"{source}: cannot write a torchvision VisionTransformer: {why}")
     return {"image_size": cfg.img_hw[0], "patch_size": cfg.patch_size, "num_layers": cfg.depth,
