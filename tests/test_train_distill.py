@@ -95,7 +95,7 @@ def test_a_distilled_run_ends_with_averaged_heads(tmp_path, synthetic_data, teac
 
 
 def test_distillation_refuses_what_it_cannot_do(tmp_path, synthetic_data, teacher_path):
-    with pytest.raises(ValueError, match="model.distilled: true"):
+    with pytest.raises(ValueError, match=r"model\.distilled: true"):
         train(Recipe.from_dict({"model": {**STUDENT, "distilled": False}, "data": synthetic_data,
                                 "train": {"steps": 1, "batch_size": 8, "precision": "fp32"},
                                 "distill": {"teacher": str(teacher_path)}}), tmp_path / "a", progress=False)

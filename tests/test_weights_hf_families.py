@@ -248,8 +248,6 @@ def test_clip_processor_int_size(tmp_path):
 @pytest.mark.parametrize("make, match", [
     (lambda: tf.BeitModel(tf.BeitConfig(**TINY, intermediate_size=96, use_relative_position_bias=True)),
      "use_relative_position_bias"),
-    (lambda: tf.DINOv3ViTModel(tf.DINOv3ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                                  intermediate_size=96, image_size=42, patch_size=14)), "RoPE"),
     (lambda: tf.Dinov2Model(tf.Dinov2Config(**TINY, hidden_act="relu")), "hidden_act='relu'"),
     (lambda: tf.Siglip2VisionModel(tf.Siglip2VisionConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                                           intermediate_size=96, patch_size=14, num_patches=16)),

@@ -136,12 +136,11 @@ def test_timm_repo_from_the_hub_cache_matches_timm(tmp_path):
     save_for_hf(theirs, tmp_path / "timm_saved", safe_serialization=True)  # config.json + model.safetensors
     assert json.loads((tmp_path / "timm_saved" / "config.json").read_text())["architecture"] == "vit_tiny_patch16_224"
     put_in_hub_cache(tmp_path / "hf", TIMM_REPO, tmp_path / "timm_saved")
-    # timm's config.json names the architecture (vit_tiny: width 192, 3 heads) but not the overridden width and heads:
-    # the tensors' width 128 contradicts the name, so the heads are not taken from it; refused until passed
-    with pytest.raises(WeightsError, match="num_heads"):
-        vitlab.load_model(TIMM_REPO)
-    ours = vitlab.load_model(TIMM_REPO, num_heads=2)  # a bare timm hub tag
-    assert (ours.cfg.num_classes, ours.cfg.img_size, ours.cfg.patch_size) == (4, 32, 16)
+    # timm's config.json names the architecture (vit_tiny: width 192, 3 heads) and, in model_args, the keyword
+    # arguments it was created with (width 128, 2 heads): those win, as in timm (vitlab.weights.timm_arch)
+    ours, report = vitlab.load_model(TIMM_REPO, return_report=True)  # a bare timm hub tag
+    assert (ours.cfg.num_classes, ours.cfg.img_size, ours.cfg.patch_size, ours.cfg.num_heads) == (4, 32, 16, 2)
+    assert report.sources["num_heads"] == "config.json model_args"
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), theirs(x), atol=ATOL, rtol=0)

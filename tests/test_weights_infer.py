@@ -67,8 +67,8 @@ def test_what_shapes_fix_and_what_they_do_not():
     with pytest.raises(vitlab.weights.WeightsError, match=r"does not fix num_heads .*pass num_heads="):
         infer_config(model.state_dict(), img_size_hint=(32, 48))
     sources: dict = {}
-    cfg, inferred, notes = infer_config(model.state_dict(), known={"num_heads": 4}, img_size_hint=(32, 48),
-                                        sources=sources)
+    cfg, _, _ = infer_config(model.state_dict(), known={"num_heads": 4}, img_size_hint=(32, 48),
+                             sources=sources)
     assert cfg.replace(name=None) == model.cfg.replace(name=None)
     assert "num_heads" not in sources and sources["mlp_dim"] == "tensor shapes" and "timm" in sources["act"]
     odd = vitlab.create_model("ViT-Ti/16", embed_dim=96, num_heads=2, depth=1, img_size=32)
@@ -81,8 +81,8 @@ def test_what_shapes_fix_and_what_they_do_not():
         infer_config(gap.state_dict(), known={"pos_embed": "sincos2d", "img_size": 32})
     with pytest.raises(vitlab.weights.WeightsError, match=r"does not fix act .*pass act="):
         infer_config(gap.state_dict(), known={"pos_embed": "sincos2d", "img_size": 32, "num_heads": 6})
-    cfg, inferred, notes = infer_config(gap.state_dict(), known={"pos_embed": "sincos2d", "img_size": 32,
-                                                                 "num_heads": 6, "act": "gelu"})
+    cfg, _, _ = infer_config(gap.state_dict(), known={"pos_embed": "sincos2d", "img_size": 32,
+                                                      "num_heads": 6, "act": "gelu"})
     assert (cfg.pool, cfg.class_token, cfg.num_heads, cfg.pos_embed) == ("gap", False, 6, "sincos2d")
 
 

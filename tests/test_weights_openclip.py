@@ -17,6 +17,7 @@ from open_clip.push_to_hf_hub import save_for_hf
 import vitlab
 from vitlab.weights import openclip
 from vitlab.weights.checkpoint import read_checkpoint
+from vitlab.weights.converted import Unfixed
 from vitlab.weights.report import WeightsError
 
 VISION = dict(width=64, layers=2, patch_size=8, image_size=32, head_width=32)
@@ -140,7 +141,8 @@ def test_known_configs_fix_the_heads():
     assert conv.known["num_heads"] == 16 and "ViT-g-14" in conv.sources["num_heads"]
     assert conv.state["head.weight"].shape == (1024, 1408) and not conv.state["head.bias"].any()
     assert openclip.convert(fake(768, 12, 32, 3072), "b32").known["num_heads"] == 12
-    assert "num_heads" not in openclip.convert(fake(768, 11, 32, 3072), "custom").known  # not guessed here
+    custom = openclip.convert(fake(768, 11, 32, 3072), "custom").known["num_heads"]  # not guessed: refused by name
+    assert isinstance(custom, Unfixed) and "head_width" in custom.why
     assert "act" not in openclip.convert(fake(768, 12, 32, 3072), "b32").known  # never guessed
 
 

@@ -158,6 +158,8 @@ def test_timm_entries_have_timms_parameter_counts() -> None:
         seen.add((arch, e.num_classes))
         with torch.device("meta"):
             model = timm.create_model(arch, pretrained=False, num_classes=e.num_classes)
+        if type(model).__name__ == "Eva":  # no key bias parameter (ours: zeros in qkv.bias); shapes through the
+            continue  # renaming: tests/test_weights_registry_families.py
         assert sum(p.numel() for p in model.parameters()) == count_params(e.model_config()), e.name
 
 

@@ -319,3 +319,45 @@ def test_timm_hub_folder_of_an_unknown_architecture(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+
+
+def _without_model_args(folder: Path) -> None:
+    """The config.json an older timm (or a hand) writes: architecture and pretrained_cfg, no model_args."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.pop("model_args")
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_the_name_alone_fixes_what_the_tensors_cannot(tmp_path):
+    """No model_args: vit_medium_patch16_gap_256's name says 8 heads at width 512 and no class token, which the
+    tensors alone cannot (loading them without the name is refused); the model equals timm's."""
+    folder, theirs = _hub_folder(tmp_path, "vit_medium_patch16_gap_256", {"img_size": 32})
+    _without_model_args(folder)
+    ours, report = vitlab.load_model(folder, return_report=True)
+    arch_label = f"timm architecture vit_medium_patch16_gap_256 (timm {TIMM_VERSION} model_args)"
+    assert report.sources["num_heads"] == arch_label
+    assert report.sources["img_size"] == "config.json pretrained_cfg.input_size"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "architecture": "vit_unknown_256"}))
+    with pytest.raises(WeightsError, match="num_heads"):
+        vitlab.load_model(folder)
+
+
+def test_a_name_the_tensors_contradict_is_not_taken(tmp_path):
+    """Created with another width and saved without model_args: the name's heads (8 at width 512) are not taken for
+    these 256-wide tensors; what the tensors confirm stays, the rest must be passed."""
+    folder, theirs = _hub_folder(tmp_path, "vit_medium_patch16_gap_256",
+                                 {"img_size": 32, "embed_dim": 256, "num_heads": 4, "depth": 2})
+    _without_model_args(folder)
+    ckpt = read_checkpoint(folder)
+    assert "num_heads" not in ckpt.known and "depth" not in ckpt.known and "act" not in ckpt.known
+    assert ckpt.known["qkv_bias"] is False and ckpt.known["class_token"] is False  # confirmed by the tensors
+    with pytest.raises(WeightsError, match="num_heads"):
+        vitlab.load_model(folder)
+    ours = vitlab.load_model(folder, num_heads=4, act="gelu")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-4, rtol=1e-4)

@@ -144,14 +144,25 @@ def html_page(result: AnalysisResult, parts: list[Section]) -> str:
         *rows,
         "</table>",
     ]
+    return document("vitlab analyze", body, parts)
+
+
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}img{max-width:100%}"
+         "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}")
+
+
+def document(title: str, body: list[str], parts: list[Section], numbers: str | None = None) -> str:
+    """A self-contained HTML page: the `body` HTML fragments, then each section's heading, caption (naming the JSON
+    file of its numbers: `numbers`, else `{stem}.json`) and inlined PNG."""
+    esc = html.escape
+    out = list(body)
     for sec in parts:
         b64 = base64.b64encode(sec.png).decode()
-        body.append(f'<h2 id="{sec.stem}">{esc(sec.title)}</h2><p>{esc(sec.caption)} Numbers: '
-                    f'<code>{sec.stem}.json</code>.</p><img alt="{esc(sec.title)}" src="data:image/png;base64,{b64}">')
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}img{max-width:100%}"
-             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}")
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>vitlab analyze</title>"
-            f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+        out.append(f'<h2 id="{sec.stem}">{esc(sec.title)}</h2><p>{esc(sec.caption)} Numbers: '
+                   f'<code>{esc(numbers or sec.stem + ".json")}</code>.</p>'
+                   f'<img alt="{esc(sec.title)}" src="data:image/png;base64,{b64}">')
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{''.join(out)}</body></html>")
 
 
 def _fmt(v: Any) -> str:

@@ -271,7 +271,8 @@ class ViTConfig:
         if self.mlp not in MLPS:
             raise ValueError(f"ViTConfig.mlp must be one of {MLPS}, got {self.mlp!r}")
         if self.mlp == "swiglu" and self.mlp_dim % 2:
-            raise ValueError(f"ViTConfig.mlp='swiglu' needs an even mlp_dim (gate and value halves), got {self.mlp_dim}")
+            raise ValueError(f"ViTConfig.mlp='swiglu' needs an even mlp_dim (gate and value halves), got "
+                             f"{self.mlp_dim}")
         number("layer_scale", lo=0.0, lo_open=True, allow_none=True, what="None or a finite number > 0")
         number("reg_tokens", integer=True, lo=0, what="an int >= 0")
         if self.distilled and (not self.class_token or self.pool != "token"):

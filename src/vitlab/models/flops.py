@@ -38,18 +38,23 @@ def count_params(cfg: ViTConfig | ResNetConfig) -> int:
         n, C = _backbone_params(cfg), backbone_channels(cfg.hybrid_layers, cfg.hybrid_width)
     else:
         n = 0
-    n += C * P * P * D + D  # patch projection E and its bias
-    n += D if cfg.class_token else 0
-    n += cfg.seq_len * D if cfg.pos_embed == "learned" else 0
+    n += C * P * P * D + (D if cfg.patch_bias else 0)  # patch projection E and its bias
+    n += (int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens) * D  # class, distillation, register tokens
+    n += (cfg.num_patches + cfg.pos_prefix_rows) * D if cfg.pos_embed == "learned" else 0
+    n += 2 * D if cfg.pre_norm else 0  # norm_pre
     qkv = 3 * D * D + (3 * D if cfg.qkv_bias else 0)
-    block = 2 * 2 * D + qkv + D * D + D + D * M + M + M * D + D
-    n += cfg.depth * block + 2 * D  # blocks and the final LayerNorm
+    hidden = M // 2 if cfg.mlp == "swiglu" else M  # what fc2 (and the sub-LN) see: SwiGLU's fc1 holds gate + value
+    mlp = D * M + M + hidden * D + D + (2 * hidden if cfg.mlp_norm else 0)
+    block = 2 * 2 * D + qkv + D * D + D + mlp + (2 * D if cfg.layer_scale else 0)
+    n += cfg.depth * block + 2 * D  # blocks and the final LayerNorm (or fc_norm, the same LayerNorm after pooling)
+    if cfg.pool == "map":  # latent, q, kv, proj, norm, MLP
+        n += D + (D * D + D) + (2 * D * D + 2 * D) + (D * D + D) + 2 * D + (D * M + M + M * D + D)
     feat = D
     if cfg.representation_size:
         n += D * cfg.representation_size + cfg.representation_size
         feat = cfg.representation_size
-    if cfg.num_classes:
-        n += feat * cfg.num_classes + cfg.num_classes
+    if cfg.num_classes:  # DeiT's distillation head beside the class head
+        n += (2 if cfg.distilled else 1) * (feat * cfg.num_classes + cfg.num_classes)
     return n
 
 

@@ -106,7 +106,7 @@ def load_teacher(spec: DistillSection, num_classes: int) -> tuple[nn.Module, Sta
         model = timm.create_model(arch, pretrained=spec.teacher_checkpoint is None, **kw)
         if spec.teacher_checkpoint is not None:
             timm.models.load_checkpoint(model, spec.teacher_checkpoint, strict=True)
-        classes = model.num_classes
+        classes: Any = model.num_classes
         stats, size, in_chans = None, None, int(kw.get("in_chans", 3))
     else:
         model = load_model(spec.teacher)

@@ -70,7 +70,7 @@ def linear_probe(recipe: Recipe, run_dir: Path, info: DistInfo) -> TrainResult:
     nn.init.zeros_(head.weight)
     nn.init.zeros_(head.bias)
     opt = build_optimizer(head, recipe.optim)
-    total = tr.steps or max(1, math.ceil(tr.epochs * len(y) / tr.batch_size))
+    total = tr.steps or max(1, math.ceil((tr.epochs or 1) * len(y) / tr.batch_size))
     g = torch.Generator().manual_seed(tr.seed)
     order = torch.randperm(len(y), generator=g)
     rows: list[dict[str, Any]] = []

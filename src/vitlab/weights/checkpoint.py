@@ -397,7 +397,7 @@ def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
     fields = timm_arch.fields_for(str(data.get("architecture", "")), model_args, str(file),
                                   pretrained_cfg=data["pretrained_cfg"], num_classes=data.get("num_classes"),
                                   global_pool=pool if isinstance(pool, str) and pool else None)
-    for name, (value, where) in fields.items():
+    for name, (value, where) in timm_arch.trusted(fields, ckpt.state).items():
         if name not in ckpt.known or isinstance(ckpt.known[name], Unfixed):  # what the tensors leave open
             ckpt.known[name], ckpt.sources[name] = value, where
     names = data.get("label_names")

@@ -220,6 +220,9 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
 
 def from_ours(state: dict[str, torch.Tensor], cfg: ViTConfig) -> tuple[dict[str, np.ndarray], list[str]]:
     """Our tensors as a vit_jax archive (no prefix), plus notes on anything that had to be made explicit."""
+    if cfg.family_options():  # vit_jax's ViT has none of them, and no tensor holds act or rope
+        raise WeightsError(f"vit_jax's ViT cannot hold {cfg.family_options()} (the later families' options); "
+                           "use --to timm, --to hf or vitlab's .safetensors")
     notes: list[str] = []
     D = cfg.embed_dim
     state = dict(state)

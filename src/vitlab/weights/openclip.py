@@ -230,8 +230,8 @@ def _from_config(out: Converted, vision: dict[str, Any], model_cfg: dict[str, An
 
 
 def _bare(out: Converted, state: dict[str, torch.Tensor], width: int, depth: int, patch: int, source: str) -> None:
-    """A state dict without its config: heads from the published configs' table (else `infer_config` decides or
-    refuses), the activation never (`infer_config` refuses a CLIP's: OpenAI's QuickGELU or LAION's GELU)."""
+    """A state dict without its config: heads from the published configs' table (else refused by name), the
+    activation never (`infer_config` refuses a CLIP's: OpenAI's QuickGELU or LAION's GELU)."""
     if "norm_pre.weight" not in state:
         raise WeightsError(f"{source}: an OpenCLIP image tower without ln_pre (CLIPA: it averages the patch tokens "
                            "and normalises after pooling, which only its config says); load the folder with its "
@@ -240,6 +240,9 @@ def _bare(out: Converted, state: dict[str, torch.Tensor], width: int, depth: int
     row = KNOWN_MODELS.get((width, depth, patch))
     if row is not None:
         out.fix("num_heads", row[1], f"OpenCLIP's {row[0]} config (width {width}, {depth} layers, patch {patch})")
+    else:  # OpenCLIP's heads are width // head_width, and head_width is 64 in most configs but not all (H-14: 80)
+        out.unfixed("num_heads", f"width {width}, {depth} layers, patch {patch} is no published OpenCLIP config; "
+                    "its heads are width // head_width")
 
 
 def preprocess_from(config: dict[str, Any], img_size: int | tuple[int, int], where: str) -> pp.Preprocess | None:

@@ -321,3 +321,40 @@ def _unknown(arch: str, kw: dict[str, tuple[Any, str]], label: _Labels, source: 
     if {"embed_dim", "mlp_ratio"} <= present:
         out["mlp_dim"] = full["mlp_dim"]
     return out
+
+
+def _from_name(label: str) -> bool:
+    """Whether a field's label says the architecture name (its table row or timm's defaults) fixed it."""
+    return label.startswith(("timm architecture ", "timm's default pretrained_cfg", "the architecture name "))
+
+
+def trusted(fields: dict[str, tuple[Any, str]], state: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """`fields` without what the architecture name fixed and the tensors (our names) cannot confirm, when they
+    contradict any of it.
+
+    A model created with other keyword arguments and saved without model_args (older timm, a hand-written
+    config.json) still names its architecture: where its width, depth, tokens, norms or head differ from the name's,
+    the name does not describe it, so neither are its heads, activation or eps taken from the name; the tensor shapes
+    and the file's own statements (model_args, pretrained_cfg) decide, and `vitlab.weights.infer` refuses by name
+    what they cannot."""
+    w = state.get("patch_embed.proj.weight")
+    if w is None or getattr(w, "ndim", 0) != 4:
+        return fields
+    blocks = {int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))}
+    fc1, head = state.get("blocks.0.mlp.fc1.weight"), state.get("head.weight")
+    facts: dict[str, Any] = dict(
+        embed_dim=int(w.shape[0]), patch_size=int(w.shape[-1]), class_token="cls_token" in state,
+        distilled="dist_token" in state, reg_tokens=int(state["reg_token"].shape[1]) if "reg_token" in state else 0,
+        fc_norm="fc_norm.weight" in state, pre_norm="norm_pre.weight" in state,
+        patch_bias="patch_embed.proj.bias" in state, qkv_bias="blocks.0.attn.qkv.bias" in state,
+        mlp_norm="blocks.0.mlp.norm.weight" in state, layer_scale="blocks.0.ls1.gamma" in state,
+        pool="attn_pool.latent" in state, num_classes=int(head.shape[0]) if head is not None and head.ndim == 2 else 0)
+    if blocks:
+        facts["depth"] = max(blocks) + 1
+    if fc1 is not None and fc1.ndim == 2:
+        facts["mlp_dim"] = int(fc1.shape[0])
+    seen = {k: v for k, (v, _) in fields.items()}
+    seen["layer_scale"], seen["pool"] = seen.get("layer_scale") is not None, seen.get("pool") == "map"
+    if any(_from_name(fields[k][1]) and seen[k] != v for k, v in facts.items() if k in fields):
+        return {k: v for k, v in fields.items() if not _from_name(v[1]) or (k in facts and seen[k] == facts[k])}
+    return fields
