@@ -133,7 +133,8 @@ def families_page(results: Sequence[FamilyInsides], skipped: dict[str, str] | No
     rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in summary_rows(r)) + "</tr>" for r in results)
     body = [
         "<h1>vitlab: the ViT families side by side</h1>",
-        f"<p>{len(results)} models, each measured on its own images ({results[0].num_images} per model). Random-init "
+        f"<p>{len(results)} models; the random-init families measured on the same {results[0].num_images} noise "
+        "images, checkpoints on their own. Random-init "
         "rows show what an architecture does before training; checkpoint rows what training made of it. 'query' is "
         "the class token, or the mean patch query for a model without one; 'last' is the last layer.</p>",
         "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in HEADER) + f"</tr>{rows}</table>",

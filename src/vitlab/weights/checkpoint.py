@@ -138,12 +138,34 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
         names = ours.read_header_class_names(path, header)  # a timm / torchvision file `export` wrote
     else:
         tensors = _unwrap(safety.torch_load(path), src)
-        names = None
+        names, header = None, {}
     ckpt = _from_tensors(tensors, path)
     if names:
         ckpt.meta["class_names"] = names
+    if ckpt.format == "timm" and TIMM_ARCH_HEADER in header:
+        _timm_header(ckpt, header)
     _config_beside(ckpt)
     return ckpt
+
+
+# What `vitlab export --to timm` writes in a .safetensors header: the architecture and its keyword arguments.
+TIMM_ARCH_HEADER, TIMM_KWARGS_HEADER = "timm.architecture", "timm.kwargs"
+
+
+def _timm_header(ckpt: Checkpoint, header: dict[str, str]) -> None:
+    """The fields of a timm file `vitlab export` wrote: its header names timm's architecture and the create_model
+    keyword arguments that build the network, as a timm Hub config.json's architecture and model_args do."""
+    where = f"{ckpt.source} header {TIMM_KWARGS_HEADER}"
+    try:
+        kwargs = json.loads(header.get(TIMM_KWARGS_HEADER, "{}"))
+    except ValueError as e:
+        raise WeightsError(f"{where}: not JSON: {_short(e)}") from e
+    if not isinstance(kwargs, dict):
+        raise WeightsError(f"{where}: an object of keyword arguments expected, got {type(kwargs).__name__}")
+    fields = timm_arch.fields_for(header[TIMM_ARCH_HEADER], kwargs, str(ckpt.source))
+    for name, (value, source) in timm_arch.trusted(fields, ckpt.state).items():
+        ckpt.known.setdefault(name, value)
+        ckpt.sources.setdefault(name, f"the file's header ({source})")
 
 
 def _google_sources() -> dict[str, str]:

@@ -48,6 +48,7 @@ from ..utils.io import atomic_write, staged
 from ..utils.version import __version__
 from . import eva, hf, hf_families, hub, ours, torchvision
 from .api import load_model, save_weights
+from .checkpoint import TIMM_ARCH_HEADER, TIMM_KWARGS_HEADER
 from .report import WeightsError
 
 if TYPE_CHECKING:
@@ -294,7 +295,7 @@ def export(
         pos = torch.zeros(1, cfg.seq_len, cfg.embed_dim, dtype=tensors["patch_embed.proj.weight"].dtype)
         pos[0, cfg.num_prefix_tokens :] = sincos_2d(*cfg.grid_size, cfg.embed_dim).to(pos.dtype)
         tensors["pos_embed"] = pos
-    _write_state(tensors, dst, overwrite, {"timm.architecture": arch, "timm.kwargs": json.dumps(kwargs)},
+    _write_state(tensors, dst, overwrite, {TIMM_ARCH_HEADER: arch, TIMM_KWARGS_HEADER: json.dumps(kwargs)},
                  names=(ours.NAME_HEADERS["timm"], names), notes=notes)
     notes.append(f"load with timm.create_model({arch!r}, pretrained=False, **{kwargs!r}).load_state_dict(...)")
     return dst, notes
