@@ -5,7 +5,8 @@ contract, run by `make test`):
 
     cli                  the `vitlab` command: parses arguments, imports the rest only for the command that runs
     paper                `vitlab reproduce`: the paper's claims, re-run small
-    train                the training loop, recipes (the shipped ones: `vitlab.train.recipes`), the demo
+    train | serving      the training loop, recipes (the shipped ones: `vitlab.train.recipes`), the demo |
+                         `vitlab serve`: a model behind an HTTP API (batching, bounded queue, restarts, a page)
     analysis | bench     looking inside a model | timing it against its peers (independent of each other)
     inference            evaluate, predict
     deploy               vitlab.optimize's speed modes, ONNX / OpenVINO runtimes and export, static int8
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .models.posembed import resample_pos_embed, sincos_2d
     from .models.preprocess import Preprocess
     from .models.vit import VisionTransformer
+    from .serving import serve
     from .weights import create_model, load_model, load_weights, save_weights
 
 # public name -> module defining it. Imported on first use, so `import vitlab` (and `vitlab --help`) does not pay
@@ -43,7 +45,7 @@ _LAZY = {
     "count_params": "models.flops", "VisionTransformer": "models.vit", "create_model": "weights",
     "optimize": "deploy.optimize", "predict": "inference.predict", "resample_pos_embed": "models.posembed",
     "sincos_2d": "models.posembed", "Preprocess": "models.preprocess", "load_model": "weights",
-    "load_weights": "weights", "save_weights": "weights",
+    "load_weights": "weights", "save_weights": "weights", "serve": "serving",
 }
 
 __all__ = [
@@ -60,12 +62,13 @@ __all__ = [
     "predict",
     "resample_pos_embed",
     "save_weights",
+    "serve",
     "sincos_2d",
 ]
 
 # imported on first use: `vitlab.data.transforms_for(model)`
-_SUBPACKAGES = ("analysis", "bench", "data", "deploy", "inference", "models", "paper", "perf", "train", "utils",
-                "weights")
+_SUBPACKAGES = ("analysis", "bench", "data", "deploy", "inference", "models", "paper", "perf", "serving", "train",
+                "utils", "weights")
 
 # The modules of the flat layout before the floors, and where each lives now. `import vitlab.model` (and every
 # other old path) still works until the next release: it warns and returns the new module itself.

@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "paper": ("sklearn", "matplotlib"),
     "quant": ("torchao",),
     "openvino": ("openvino", "nncf"),
+    "serve": ("fastapi", "uvicorn", "httptools", "uvloop", "python_multipart", "prometheus_client"),
 }
 # pip distribution names whose import name differs (pyproject lists distributions; EXTRAS lists modules)
 IMPORT_NAMES: dict[str, str] = {"scikit_learn": "sklearn"}

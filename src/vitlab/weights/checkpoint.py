@@ -164,8 +164,8 @@ def _timm_header(ckpt: Checkpoint, header: dict[str, str]) -> None:
         raise WeightsError(f"{where}: an object of keyword arguments expected, got {type(kwargs).__name__}")
     fields = timm_arch.fields_for(header[TIMM_ARCH_HEADER], kwargs, str(ckpt.source))
     for name, (value, source) in timm_arch.trusted(fields, ckpt.state).items():
-        ckpt.known.setdefault(name, value)
-        ckpt.sources.setdefault(name, f"the file's header ({source})")
+        if name not in ckpt.known or isinstance(ckpt.known[name], Unfixed):  # what the tensors leave open
+            ckpt.known[name], ckpt.sources[name] = value, f"the file's header ({source})"
 
 
 def _google_sources() -> dict[str, str]:

@@ -128,9 +128,19 @@ def infer_config(
             grid = _grid(known["img_size"], pixel)
         # a table without prefix rows is read only where timm uses one (DeiT-III, registers: LayerScale or registers)
         either = inferred["layer_scale"] is not None or inferred["reg_tokens"] > 0
-        inferred["no_embed_class"], grid = _table_layout(rows, prefix, grid, img_size_hint, pixel,
-                                                         known if either else {"no_embed_class": False, **known},
-                                                         source)
+        try:
+            inferred["no_embed_class"], grid = _table_layout(rows, prefix, grid, img_size_hint, pixel,
+                                                             known if either else {"no_embed_class": False, **known},
+                                                             source)
+        except WeightsError:
+            if either or "no_embed_class" in known or not prefix:
+                raise
+            # the table fits the patches alone (else this raises the first error's kind): FlexiViT's layout
+            _, g = _table_layout(rows, prefix, grid, img_size_hint, pixel, {"no_embed_class": True}, source)
+            raise WeightsError(f"{source}: the position table's {rows} rows fit a {g[0]}x{g[1]} grid without the "
+                               f"{prefix} prefix row(s), or another grid with them; the file does not fix "
+                               "no_embed_class: pass no_embed_class=True (FlexiViT, DeiT-III layout) or img_size=(H, "
+                               "W) to load_model") from None
         why["no_embed_class"] = why["img_size"] = "tensor shapes (position table rows)"
         inferred["img_size"] = grid[0] * pixel if grid[0] == grid[1] else (grid[0] * pixel, grid[1] * pixel)
     elif "pos_embed" not in known:
