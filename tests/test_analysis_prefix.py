@@ -169,25 +169,32 @@ def test_forward_intermediates_walks_the_blocks(family):
         torch.testing.assert_close(model.forward_head(final), model(x))
 
 
-TIMM = {  # family: (timm architecture, its extra kwargs, the load_model arguments the tensors do not fix)
-    "deit_distilled": ("deit_base_distilled_patch16_224", {}, {}),
-    "deit3": ("deit3_base_patch16_224", {}, {}),
-    "dinov2_reg4": ("vit_base_patch14_reg4_dinov2", {}, {}),
-    "clip": ("vit_base_patch16_clip_quickgelu_224", {}, {"act": "quick_gelu"}),
-    "siglip_map": ("vit_base_patch16_siglip_224", {}, {"act": "gelu", "num_heads": 3}),
-    "mae_gap_fc_norm": ("vit_base_patch16_224", {"global_pool": "avg", "fc_norm": True}, {}),
+TIMM = {  # family: (timm architecture, its extra kwargs)
+    "deit_distilled": ("deit_base_distilled_patch16_224", {}),
+    "deit3": ("deit3_base_patch16_224", {}),
+    "dinov2_reg4": ("vit_base_patch14_reg4_dinov2", {}),
+    "clip": ("vit_base_patch16_clip_quickgelu_224", {}),
+    "siglip_map": ("vit_base_patch16_siglip_224", {}),
+    "mae_gap_fc_norm": ("vit_base_patch16_224", {"global_pool": "avg", "fc_norm": True}),
+    "eva02_rope": ("eva02_tiny_patch14_224", {}),
+    "dinov3_rope_reg4": ("vit_small_patch16_dinov3", {}),
 }
 
 
 @pytest.mark.parametrize("family", sorted(TIMM))
 def test_forward_intermediates_matches_timm(tmp_path, family):
     timm = pytest.importorskip("timm")
-    arch, extra, unfixed = TIMM[family]
+    from timm.models._hub import save_for_hf
+
+    arch, extra = TIMM[family]
+    args = dict(img_size=28, patch_size=7, embed_dim=192, depth=3, num_heads=3, num_classes=5, **extra)
     torch.manual_seed(0)
-    theirs = perturb_(timm.create_model(arch, pretrained=False, img_size=28, patch_size=7, embed_dim=192, depth=3,
-                                        num_heads=3, num_classes=5, **extra), scale=0.05).eval()
-    torch.save(theirs.state_dict(), tmp_path / "model.pth")
-    ours = vitlab.load_model(tmp_path / "model.pth", **unfixed)
+    theirs = timm.create_model(arch, pretrained=False, **args).eval()
+    with torch.no_grad():  # parameters only: timm's RoPE caches its frequencies in buffers that are not saved
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_for_hf(theirs, tmp_path / "hub", model_args=args, safe_serialization=True)  # timm's Hub folder
+    ours = vitlab.load_model(tmp_path / "hub")
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
         for kw in (dict(indices=[0, 2], norm=True, return_prefix_tokens=True), dict(indices=2, output_fmt="NLC")):

@@ -14,7 +14,7 @@ import vitlab
 from vitlab.train import load_recipe, lr_at, param_groups, train
 from vitlab.train.recipe import Recipe, ScheduleSection, apply_overrides, parse_override, read_recipe_dict
 
-from .conftest import skip_if_emulated
+from .conftest import perturb_, skip_if_emulated
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
@@ -188,9 +188,22 @@ def _tiny(path: str, tmp_path: Path, source: dict) -> Recipe:
     in_chans = model.get("in_chans", 3)
     # a hybrid keeps its patch size (1x1 patches of the ResNet map, whose stride divides 32); others use 8 px
     hybrid = model.get("hybrid_layers") is not None
-    model.update(TINY, img_size=48 if big_res else 32, patch_size=model.get("patch_size", 1) if hybrid else 8)
+    if str(model.get("name", "")).startswith("BiT-"):  # the paper's CNN baseline: a narrow one, its own stages
+        model.update(img_size=32, width=32)
+    elif model.get("name") == "init.checkpoint":  # the architecture of the checkpoint (a DINOv2-style backbone)
+        model.update(img_size=32)
+        backbone = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, in_chans=in_chans,
+                                       num_classes=0, layer_scale=1e-5, reg_tokens=4, no_embed_class=True)
+        vitlab.save_weights(perturb_(backbone), tmp_path / "backbone.safetensors")
+        d["init"]["checkpoint"] = str(tmp_path / "backbone.safetensors")
+    else:
+        model.update(TINY, img_size=48 if big_res else 32, patch_size=model.get("patch_size", 1) if hybrid else 8)
     if model.get("representation_size"):
         model["representation_size"] = TINY["embed_dim"]
+    if d.get("distill"):  # a tiny teacher of the student's input (the synthetic data: 10 classes)
+        teacher = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, in_chans=in_chans, num_classes=10)
+        vitlab.save_weights(perturb_(teacher), tmp_path / "teacher.safetensors")
+        d["distill"]["teacher"] = str(tmp_path / "teacher.safetensors")
     data = {k: v for k, v in (d.get("data") or {}).items() if k not in _LOCATION_KEYS}
     data.update(**source, expand_channels=in_chans == 3)
     d["data"] = data
@@ -200,7 +213,7 @@ def _tiny(path: str, tmp_path: Path, source: dict) -> Recipe:
     precision = "bf16" if Path(path).name == "vit_s16_i1k_plain.yaml" else "fp32"
     tr.update(batch_size=2 * accum, steps=1, epochs=None, eval_every=0, checkpoint_every=0, eval_batch_size=250,
               eval_max_samples=500, eval_split="test", compile=False, precision=precision)
-    if (d.get("init") or {}).get("checkpoint"):
+    if (d.get("init") or {}).get("checkpoint") and model.get("name") != "init.checkpoint":
         # a tiny pre-trained model at a lower resolution, with a pre-logits layer and another head
         # (the recipe's own architecture: a hybrid's stem, pooling and class token; 24 px = a 3x3 grid for a hybrid)
         arch = {k: v for k, v in model.items() if k not in ("name", "img_size", "num_classes")}
@@ -219,6 +232,12 @@ def test_one_training_step_per_config(path, tmp_path, synthetic_data):
     summary = train(recipe, tmp_path / "run", progress=False)
     assert summary["status"] == "completed" and summary["step"] == 1
     assert math.isfinite(summary["eval"]["loss"]) and summary["eval"]["num_samples"] == 500
+    if recipe.train.linear_probe:  # a linear classifier on DINOv2's probe features [class; mean patch]: (K, 2D)
+        from safetensors.torch import load_file
+
+        head = load_file(summary["model"])
+        assert head["weight"].shape == (10, 2 * TINY["embed_dim"])
+        return
     model = vitlab.load_model(summary["model"])
     assert model.cfg.img_size == recipe.model.overrides["img_size"]
     meta = vitlab.weights.read_metadata(summary["model"])

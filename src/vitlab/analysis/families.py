@@ -32,7 +32,7 @@ from .tokens import TokenStats
 # One small size for every family: a 4x4 grid of 8 px patches, 4 blocks of width 64 (seconds on a CPU).
 SMALL: dict[str, Any] = dict(img_size=32, patch_size=8, in_chans=3, embed_dim=64, depth=4, num_heads=4, mlp_dim=128,
                              num_classes=10)
-# Each family's ViTConfig fields (timm's architectures; RoPE, EVA-02's and DINOv3's, is not in the model yet).
+# Each family's ViTConfig fields, as timm's architectures set them (vitlab.weights.timm_arch).
 FAMILIES: dict[str, dict[str, Any]] = {
     "ViT (paper)": {},
     "DeiT distilled": {"distilled": True},
@@ -42,7 +42,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "DINOv2 + registers": {"layer_scale": 1e-5, "reg_tokens": 4, "no_embed_class": True},
     "CLIP": {"pre_norm": True, "act": "quick_gelu", "patch_bias": False, "layer_norm_eps": 1e-5},
     "SigLIP": {"pool": "map", "class_token": False, "act": "gelu_tanh"},
-    "EVA-02 MLP (SwiGLU + sub-LN)": {"mlp": "swiglu", "mlp_norm": True, "act": "silu"},
+    "EVA-02": {"mlp": "swiglu", "mlp_norm": True, "act": "silu", "pool": "gap", "fc_norm": True, "rope": "eva02"},
+    "DINOv3": {"layer_scale": 1e-5, "reg_tokens": 4, "pos_embed": "none", "rope": "dinov3", "qkv_bias": False,
+               "layer_norm_eps": 1e-5},
 }
 
 

@@ -27,8 +27,8 @@ from ._common import (
 __all__ = ["COMMANDS", "build_parser", "main", "version"]
 
 # the commands, in the order `vitlab --help` lists them (module vitlab.cli.<name>)
-COMMANDS = ("models", "weights", "convert", "train", "eval", "predict", "demo", "analyze", "fewshot", "bench",
-            "export", "reproduce")
+COMMANDS = ("models", "weights", "convert", "train", "eval", "predict", "serve", "demo", "analyze", "fewshot",
+            "bench", "export", "reproduce")
 
 DESCRIPTION = """\
 vitlab: the Vision Transformer of "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021) as a tool:

@@ -22,7 +22,7 @@ class token's attention splits over class / distillation / registers / patches a
 (high-norm patch tokens are what registers absorb, Darcet et al. 2024).
 
 With --compare-families, one HTML page compares the families (plain ViT, DeiT, DeiT-III, MAE, DINOv2 +- registers,
-CLIP, SigLIP, EVA-02's MLP) built at random init at one small size, plus the checkpoints named after the option that
+CLIP, SigLIP, EVA-02, DINOv3) built at random init at one small size, plus the checkpoints named after the option that
 are already on this machine (paths, or registry / hf-hub names already cached: nothing is downloaded; the others are
 listed as skipped): mean attention distance by depth, attention entropy per layer, position-embedding similarity,
 register / patch norms. Their numbers go to a .json file beside the page. Checkpoints are fed --images / --data when

@@ -287,6 +287,12 @@ class ViTConfig:
         self._validate_rope()
 
     def _validate_rope(self) -> None:
+        check_number("ViTConfig.rope_theta", self.rope_theta, lo=0.0, lo_open=True, allow_none=True,
+                     what="None or a finite number > 0")
+        grid = self.rope_ref_grid
+        if grid is not None and (not isinstance(grid, tuple) or len(grid) != 2 or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid)):
+            raise ValueError(f"ViTConfig.rope_ref_grid must be None or (rows, cols) positive ints, got {grid!r}")
         if self.rope is None:
             if self.rope_theta is not None or self.rope_ref_grid is not None:
                 raise ValueError(f"ViTConfig.rope_theta / rope_ref_grid need rope= one of {tuple(ROPES)} (got "
@@ -294,20 +300,12 @@ class ViTConfig:
             return
         if not isinstance(self.rope, str) or self.rope not in ROPES:
             raise ValueError(f"ViTConfig.rope must be None or one of {tuple(ROPES)}, got {self.rope!r}")
-        check_number("ViTConfig.rope_theta", self.rope_theta, lo=0.0, lo_open=True, allow_none=True,
-                     what="None or a finite number > 0")
         if self.head_dim % 4:
             raise ValueError(f"ViTConfig.rope needs a head dim (embed_dim / num_heads) divisible by 4 (2-D RoPE turns "
                              f"d/4 frequency pairs per axis), got {self.head_dim}")
-        grid = self.rope_ref_grid
-        if grid is None:
-            return
-        if self.rope != "eva02":
+        if grid is not None and self.rope != "eva02":
             raise ValueError(f"ViTConfig.rope_ref_grid is EVA-02's position rescaling; rope={self.rope!r} normalises "
                              "positions itself (set rope_ref_grid=None)")
-        if not isinstance(grid, tuple) or len(grid) != 2 or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in grid):
-            raise ValueError(f"ViTConfig.rope_ref_grid must be None or (rows, cols) positive ints, got {grid!r}")
 
     @property
     def rope_base(self) -> float | None:

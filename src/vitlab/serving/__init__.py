@@ -12,7 +12,19 @@ Modules, top to bottom: `server` (start-up order, uvicorn, signals), `app` (rout
 (`ServeConfig`, torch-free). Design, limits and measurements: docs/serving.md.
 """
 
-from .config import ServeConfig
-from .server import serve
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ServeConfig", "serve"]
+from .config import MODES, ServeConfig
+
+if TYPE_CHECKING:
+    from .server import serve
+
+__all__ = ["MODES", "ServeConfig", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "serve":  # imported on first use: `vitlab serve --help` builds its parser without torch
+        from .server import serve
+
+        return serve
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -151,7 +151,7 @@ class _Observe:
 
 
 def create_app(cfg: ServeConfig, info: ModelInfo, engine: Engine, metrics: Metrics,
-               on_started: Callable[[], Awaitable[None]] | None = None) -> Any:
+               on_started: Callable[[], Coroutine[Any, Any, None]] | None = None) -> Any:
     """The ASGI app of a server: `engine` must be started (its workers warm); the app's lifespan starts the
     engine's drivers and closes it at shutdown."""
     preparer = Preparer(info.preprocess, cfg.max_pixels)
@@ -161,11 +161,14 @@ def create_app(cfg: ServeConfig, info: ModelInfo, engine: Engine, metrics: Metri
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.run()
+        announcing: asyncio.Task[None] | None = None
         if on_started is not None:
-            asyncio.create_task(on_started())
+            announcing = asyncio.create_task(on_started())
         try:
             yield
         finally:
+            if announcing is not None:
+                announcing.cancel()
             await engine.close()
             decode_pool.shutdown(wait=False)
 

@@ -9,7 +9,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ALLOWED_FORMATS", "ServeConfig", "cpu_count"]
+__all__ = ["ALLOWED_FORMATS", "MODES", "ServeConfig", "cpu_count"]
+
+# `vitlab.deploy.modes.MODES`, spelled out so the command line can offer them without importing torch (a test keeps
+# the two equal)
+MODES = ("fp32", "bf16", "fp16", "compile", "compile-bf16", "int8", "int8-static", "openvino", "openvino-int8", "ort",
+         "ort-int8", "ort-int8-dynamic", "auto")
 
 # What PIL may open from a request (`Image.open(..., formats=...)`): the formats the API promises, nothing else
 # (PIL would otherwise try every plugin it has, FITS, PSD, EPS among them). MPO is the multi-picture JPEG that
@@ -79,7 +84,7 @@ class ServeConfig:
 
     def check(self) -> ServeConfig:
         """ValueError naming the first bad field; returns self."""
-        from ..deploy.modes import CALIBRATED_MODES, MODES  # imports torch: only here, not at import time
+        from ..deploy.modes import CALIBRATED_MODES  # imports torch: only here, not at import time
 
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")

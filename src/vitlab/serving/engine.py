@@ -88,6 +88,9 @@ class WorkerHandle:
     def alive(self) -> bool:
         return self.process is not None and self.process.exitcode is None
 
+    def exitcode(self) -> int | None:
+        return self.process.exitcode if self.process is not None else None
+
     def start(self) -> None:
         """Start the process and wait until it is warm; WorkerFailed (one line) if it cannot load or build."""
         ctx = _mp_context()
@@ -141,6 +144,7 @@ class WorkerHandle:
         if self.process is not None and self.process.exitcode is not None:
             with contextlib.suppress(ValueError):
                 self.process.close()
+            self.process = None
         self.conn = None
 
     def describe(self) -> dict[str, Any]:
@@ -400,8 +404,7 @@ class Engine:
     async def _restart(self, w: WorkerHandle) -> None:
         """Replace a dead worker, retrying with back-off while it cannot start."""
         loop = asyncio.get_running_loop()
-        code = w.process.exitcode if w.process is not None else None
-        log.warning("worker %d (pid %s) exited with code %s; restarting it", w.index, w.pid, code)
+        log.warning("worker %d (pid %s) exited with code %s; restarting it", w.index, w.pid, w.exitcode())
         w.discard()
         w.state = "restarting"
         self.metrics.workers_ready.set(sum(x.state == "ready" for x in self.workers))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import math
 import warnings
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,10 @@ __all__ = ["ImageInput", "Preparer", "RequestError", "read_body", "split_body"]
 # Content types a raw body may declare (image/* of the allowed formats, or untyped bytes).
 RAW_TYPES = frozenset({"image/jpeg", "image/jpg", "image/pjpeg", "image/png", "image/webp", "image/bmp",
                        "image/x-ms-bmp", "image/tiff", "image/gif", "application/octet-stream"})
+
+
+Image.init()  # every plugin registered now: `Image.open(formats=...)` looks the allowed ones up by name
+_FORMATS = tuple(f for f in ALLOWED_FORMATS if f in Image.OPEN)  # those this Pillow build reads
 
 
 class RequestError(Exception):
@@ -100,13 +104,13 @@ async def split_body(headers: Any, body: bytes, max_images: int) -> list[ImageIn
 
 async def _multipart(headers: Any, body: bytes) -> list[ImageInput]:
     """File parts of a multipart/form-data body, parsed in memory (the body is already within the size limit)."""
-    from starlette.formparsers import MultiPartException, MultiPartParser
     from starlette.datastructures import UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
 
     class InMemory(MultiPartParser):
         spool_max_size = len(body) + 1  # never spill to a temporary file: the body is bounded already
 
-    async def once() -> AsyncIterator[bytes]:
+    async def once() -> AsyncGenerator[bytes, None]:
         yield body
 
     try:
@@ -141,7 +145,7 @@ def open_image(data: bytes, label: str, in_chans: int, max_pixels: int) -> Image
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            img = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+            img: Image.Image = Image.open(io.BytesIO(data), formats=_FORMATS)
         except UnidentifiedImageError:
             raise RequestError(400, "not_an_image",
                                f"{label}: not an image this server reads (JPEG, PNG, WebP, BMP, TIFF, GIF)") from None

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -15,6 +15,7 @@ class Metrics:
     """The server's counters, gauges and histograms (names prefixed `vitlab_serve_`)."""
 
     def __init__(self, max_batch_size: int):
+        disable_created_metrics()  # no `_created` twin per series: the server process is ours alone
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("vitlab_serve_requests", "HTTP requests answered, by endpoint and status code",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import socket
 import threading
@@ -145,7 +146,7 @@ def run(cfg: ServeConfig) -> None:
 
     app = create_app(cfg, info, engine, metrics, on_started=announce)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=cfg.drain_timeout, timeout_keep_alive=5,
+                            timeout_graceful_shutdown=math.ceil(cfg.drain_timeout), timeout_keep_alive=5,
                             limit_max_requests=None, server_header=False)
     server = uvicorn.Server(config)
     received: list[int] = []

@@ -86,7 +86,7 @@ class ClassificationRunner:
         return row
 
 
-def _first(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def first_samples(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The first `n` samples of `batches`, in batches."""
     seen = 0
     for x, y in batches:
@@ -131,8 +131,8 @@ class FewShotRunner:
         """The metrics row of this evaluation at `step`: `{k}shot` (mean accuracy) and `{k}shot_std` per shot count."""
         t0 = time.perf_counter()
         with autocast(self.device, self.precision):
-            train_x, train_y = extract_features(model, _first(self.pool, self.spec.train_samples), self.device)
-            test_x, test_y = extract_features(model, _first(self.test, self.spec.eval_samples), self.device)
+            train_x, train_y = extract_features(model, first_samples(self.pool, self.spec.train_samples), self.device)
+            test_x, test_y = extract_features(model, first_samples(self.test, self.spec.eval_samples), self.device)
         results = fewshot_evaluate(train_x, train_y, test_x, test_y, shots=self.spec.shots, seeds=self.spec.seeds,
                                    l2_reg=self.spec.l2_reg, num_classes=self.num_classes)
         row: dict[str, Any] = {"step": step, "split": self.name}

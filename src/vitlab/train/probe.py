@@ -31,6 +31,7 @@ from ..perf.precision import autocast, resolve_precision
 from ..utils.io import write_atomic
 from .build import build_model, data_config_with_init
 from .distributed import DistInfo
+from .evaluators import first_samples
 from .optim import build_optimizer
 from .recipe import Recipe
 from .report import write_report
@@ -62,7 +63,8 @@ def linear_probe(recipe: Recipe, run_dir: Path, info: DistInfo) -> TrainResult:
     t0 = time.perf_counter()
     with autocast(info.device, precision):
         xs, ys = extract_features(backbone, train_data, info.device, features="probe")
-        xt, yt = extract_features(backbone, test_data, info.device, features="probe")
+        test_batches = test_data if tr.eval_max_samples is None else first_samples(test_data, tr.eval_max_samples)
+        xt, yt = extract_features(backbone, test_batches, info.device, features="probe")
     feature_s = time.perf_counter() - t0
     x, y = torch.from_numpy(xs), torch.from_numpy(ys)
     torch.manual_seed(tr.seed)
