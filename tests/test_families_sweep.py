@@ -53,6 +53,10 @@ ARCHS = {
 }
 
 
+# What no tensor stores (so a bare file may be refused for it); everything else must come from the shapes.
+UNSTORED = {"num_heads", "act", "layer_norm_eps", "no_embed_class", "pool", "rope", "rope_ref_grid", "rope_theta"}
+
+
 def _build(arch: str) -> torch.nn.Module:
     torch.manual_seed(0)
     patch = 14 if "patch14" in arch else 32 if "patch32" in arch else 16
@@ -108,6 +112,7 @@ def test_family_loads_exactly_from_every_format(tmp_path, arch):
         ours, asked = _load_answering(tmp_path / bare, hub_model.cfg)
         with torch.no_grad():
             torch.testing.assert_close(ours(x), want, atol=1e-5, rtol=1e-5)
+        assert set(asked) <= UNSTORED, f"asked for {set(asked) - UNSTORED}, which the tensors do fix"
 
 
 @pytest.mark.parametrize("arch", sorted(a for a, why in ARCHS.items() if why is None))

@@ -86,7 +86,8 @@ class ClassificationRunner:
         return row
 
 
-def first_samples(batches: Iterable[tuple[torch.Tensor, torch.Tensor]], n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def first_samples(batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+                  n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The first `n` samples of `batches`, in batches."""
     seen = 0
     for x, y in batches:
