@@ -461,6 +461,13 @@ def test_cli_list_and_show(hf_repo, monkeypatch, capsys):
     assert main(["weights", "show", "gs://b/ViT-X.npz", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["cache"] == {"path": str(hub.cache_root() / "h" / "ViT-X.npz"), "cached": False}
+    # a misspelt name (a Hub id vitlab knows nothing of, not cached): exit 1, one line, the close names
+    assert main(["weights", "show", "tiny-tset"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "not a registry name" in err and "close registry names: tiny-test" in err, err
+    assert main(["weights", "show", "acme/tiny-vti"]) == 1  # an owner/repo id: not listed, not cached
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is not in the registry and not in the Hugging Face cache" in err, err
 
 
 def test_cli_get_and_errors(tmp_path, monkeypatch, capsys):

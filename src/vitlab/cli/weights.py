@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from typing import Any
 
 from ._common import HelpFormatter, UsageError, add_output, add_progress, add_verbosity, check_output, want_progress
@@ -114,6 +115,12 @@ def _show(name: str, as_json: bool) -> int:
     from ..weights import hub
 
     loc, entry = hub.locate(name)
+    if entry is None and loc.kind == "hub" and not hub.cache_status(loc)["cached"]:
+        # a Hub id we know nothing of: most often a misspelt registry name (show never downloads)
+        print(f"vitlab weights show: {name!r} is not in the registry and not in the Hugging Face cache"
+              f"{hub.close_names(name)}; `vitlab weights get {name}` fetches a Hub repo that is not listed",
+              file=sys.stderr)
+        return 1
     facts: dict[str, Any] = _entry_dict(entry) if entry is not None else {"name": name, "registry": False}
     facts["location"] = {k: v for k, v in dataclasses.asdict(loc).items() if v is not None and k != "text"}
     facts["location"] = {k: str(v) for k, v in facts["location"].items()}

@@ -203,7 +203,8 @@ def _entry_sha256(entry: Entry) -> str | None:
     return None
 
 
-def _close_names(text: str) -> str:
+def close_names(text: str) -> str:
+    """'; close registry names: a, b' for a name that is not in the registry (else where the list is)."""
     names: list[str] = []
     for e in _registry().list_entries():
         names += [e.name, *e.aliases]
@@ -213,11 +214,11 @@ def _close_names(text: str) -> str:
 
 def _not_found(text: str) -> str:
     return (f"no checkpoint at {text}: not a local file or directory, not a registry name, not a URL "
-            f"(https://..., gs://bucket/key) and not a Hub id (hf-hub:owner/repo){_close_names(text)}")
+            f"(https://..., gs://bucket/key) and not a Hub id (hf-hub:owner/repo){close_names(text)}")
 
 
 def _bare_repo_tried(text: str) -> str:
-    return (f"{text!r} is not a local file or directory and not a registry name{_close_names(text)}; "
+    return (f"{text!r} is not a local file or directory and not a registry name{close_names(text)}; "
             "tried it as a Hugging Face Hub repo")
 
 
