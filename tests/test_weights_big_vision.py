@@ -23,6 +23,8 @@ import vitlab
 from vitlab.weights import WeightsError
 from vitlab.weights.checkpoint import read_checkpoint
 
+from .conftest import perturb_
+
 HERE = Path(__file__).parent / "fixtures" / "big_vision"
 EXPECTED = np.load(HERE / "expected.npz")
 IMAGES = torch.from_numpy(EXPECTED["images"]).permute(0, 3, 1, 2)  # NHWC (JAX) -> NCHW
@@ -166,9 +168,20 @@ def test_timm_reads_the_same_file_alike():
     np.testing.assert_allclose(logits(vitlab.load_model(HERE / "gap_learn.npz")), want, atol=1e-5, rtol=0)
 
 
-def test_map_head_is_refused_naming_the_tensor():
-    with pytest.raises(WeightsError, match=r"map\.npz: params/MAPHead_0/probe: .*pool_type='map'"):
-        vitlab.load_model(HERE / "map.npz")
+def test_map_head_made_by_big_vision_loads_as_timm_reads_it():
+    """map.npz, written by big_vision's own `vit.Model(pool_type="map")`: our MAP head (`attn_pool`) computes what
+    timm's big_vision reader (`_load_weights` into `VisionTransformer(global_pool="map")`) makes of the same file."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    from timm.models.vision_transformer import _load_weights
+
+    ours = vitlab.load_model(HERE / "map.npz")
+    assert (ours.cfg.pool, ours.cfg.class_token, ours.cfg.num_heads, ours.cfg.img_size) == ("map", False, 2, 12)
+    theirs = TimmViT(img_size=12, patch_size=4, embed_dim=8, depth=1, num_heads=2, mlp_ratio=2.0, num_classes=5,
+                     class_token=False, global_pool="map").eval()
+    _load_weights(theirs, str(HERE / "map.npz"))
+    x = torch.randn(3, 3, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
 
 
 def test_unknown_tensor_is_named(tmp_path):
@@ -184,3 +197,61 @@ def test_a_big_vision_file_that_is_not_a_vit(tmp_path):
     np.savez(tmp_path / "bit.npz", **{"params/root_block/conv_root/kernel": np.zeros((7, 7, 3, 8), np.float32)})
     with pytest.raises(WeightsError, match=r"bit\.npz: .*not a ViT .*params/root_block/conv_root/kernel"):
         read_checkpoint(tmp_path / "bit.npz")
+
+
+def _timm_to_big_vision(model) -> dict:
+    """A timm SigLIP-style ViT (no class token, MAP head) in big_vision's names (params/ prefix, current flax names,
+    numbered blocks, the table at the top): the inverse of what timm's `_load_weights` reads, checked below by
+    reading it back with timm's reader."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    D = model.embed_dim
+    H = model.blocks[0].attn.num_heads
+    p = {"embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),
+         "embedding/bias": sd["patch_embed.proj.bias"], "pos_embedding": sd["pos_embed"],
+         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"]}
+    for i in range(len(model.blocks)):
+        b, o = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        for ln, name in (("norm1", "LayerNorm_0"), ("norm2", "LayerNorm_1")):
+            p[f"{o}{name}/scale"], p[f"{o}{name}/bias"] = sd[f"{b}{ln}.weight"], sd[f"{b}{ln}.bias"]
+        w, bias = sd[f"{b}attn.qkv.weight"], sd[f"{b}attn.qkv.bias"]
+        for j, n in enumerate(("query", "key", "value")):
+            p[f"{o}MultiHeadDotProductAttention_0/{n}/kernel"] = w[j * D:(j + 1) * D].T.reshape(D, H, D // H)
+            p[f"{o}MultiHeadDotProductAttention_0/{n}/bias"] = bias[j * D:(j + 1) * D].reshape(H, D // H)
+        p[f"{o}MultiHeadDotProductAttention_0/out/kernel"] = sd[f"{b}attn.proj.weight"].T.reshape(H, D // H, D)
+        p[f"{o}MultiHeadDotProductAttention_0/out/bias"] = sd[f"{b}attn.proj.bias"]
+        for j in (0, 1):
+            p[f"{o}MlpBlock_0/Dense_{j}/kernel"] = sd[f"{b}mlp.fc{j + 1}.weight"].T
+            p[f"{o}MlpBlock_0/Dense_{j}/bias"] = sd[f"{b}mlp.fc{j + 1}.bias"]
+    m, a = "MAPHead_0/", "MAPHead_0/MultiHeadDotProductAttention_0/"
+    p[m + "probe"] = sd["attn_pool.latent"]
+    kv_w, kv_b = sd["attn_pool.kv.weight"], sd["attn_pool.kv.bias"]
+    for n, w, bias in (("query", sd["attn_pool.q.weight"], sd["attn_pool.q.bias"]), ("key", kv_w[:D], kv_b[:D]),
+                       ("value", kv_w[D:], kv_b[D:])):
+        p[f"{a}{n}/kernel"], p[f"{a}{n}/bias"] = w.T.reshape(D, H, D // H), bias.reshape(H, D // H)
+    p[a + "out/kernel"] = sd["attn_pool.proj.weight"].T.reshape(H, D // H, D)
+    p[a + "out/bias"] = sd["attn_pool.proj.bias"]
+    p[m + "LayerNorm_0/scale"], p[m + "LayerNorm_0/bias"] = sd["attn_pool.norm.weight"], sd["attn_pool.norm.bias"]
+    for j in (0, 1):
+        p[f"{m}MlpBlock_0/Dense_{j}/kernel"] = sd[f"attn_pool.mlp.fc{j + 1}.weight"].T
+        p[f"{m}MlpBlock_0/Dense_{j}/bias"] = sd[f"attn_pool.mlp.fc{j + 1}.bias"]
+    return {f"params/img/{k}": v for k, v in p.items()}
+
+
+def test_siglip_map_head_loads_as_timm_reads_it(tmp_path):
+    """A big_vision SigLIP image tower (pool_type='map': no class token, MAP head) loads with pool='map'; timm's own
+    big_vision reader (`_load_weights`) on the same file is the reference."""
+    import timm
+    from timm.models.vision_transformer import _load_weights
+
+    kw = dict(pretrained=False, depth=2, embed_dim=96, num_heads=3, img_size=32, num_classes=0)
+    theirs = perturb_(timm.create_model("vit_base_patch16_siglip_224", **kw), scale=0.05).eval()
+    np.savez(tmp_path / "siglip.npz", **_timm_to_big_vision(theirs))
+    reread = timm.create_model("vit_base_patch16_siglip_224", **kw).eval()
+    _load_weights(reread, str(tmp_path / "siglip.npz"))
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(reread(x), theirs(x))  # the file says what the model is, as timm reads it
+        ours, report = vitlab.load_model(tmp_path / "siglip.npz", return_report=True)
+        torch.testing.assert_close(ours(x), reread(x), atol=1e-5, rtol=1e-5)
+    assert (ours.cfg.pool, ours.cfg.class_token, ours.cfg.num_heads) == ("map", False, 3)
+    assert report.format == "big_vision" and "query kernel" in report.sources["num_heads"]

@@ -17,9 +17,8 @@ with a few differences, all undone here before the tree goes through the vit_jax
 - A model trained with `scan=True` stores one `Transformer/encoderblock` whose tensors carry the depth as a
   leading axis; it is split into `encoderblock_{i}`.
 - `pool_type`: "tok" has `cls` (ours: pool="token"); "gap", the default, has none (ours: pool="gap"); "map"
-  adds a `MAPHead_0` attention-pooling head, which vitlab's ViT cannot express, so such a file is refused
-  naming that tensor. ("0", the first token of a model without `cls`, leaves no trace in the file and is read
-  as "gap".)
+  adds a `MAPHead_0` attention-pooling head (SigLIP's image tower; ours: pool="map", `attn_pool`). ("0", the
+  first token of a model without `cls`, leaves no trace in the file and is read as "gap".)
 - `rep_size` gives `pre_logits` (Dense + tanh, as ours); the classifier is `head`.
 - bfloat16 arrays, which `np.savez` stores as 2-byte void, are widened to float32.
 
@@ -76,16 +75,13 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
     """Convert a big_vision ViT archive to our tensors; also returns the config fields it fixes.
 
     Raises:
-        WeightsError: a part vitlab's ViT cannot express (MAP head) or an unknown tensor, named as in the file.
+        WeightsError: an unknown tensor, named as in the file.
     """
     params, prefix = _params(arrays, source)
-    if "probe" in params or any(k.startswith("MAPHead_") for k in params):
-        heads = sorted(k for k in params if k == "probe" or k.startswith("MAPHead_"))
-        name = next((k for k in heads if k.endswith("probe")), heads[0])  # the learned query names it best
-        raise WeightsError(
-            f"{source}: {prefix}{name}: a big_vision attention-pooling head (pool_type='map'), which vitlab's ViT "
-            "cannot express (it pools by class token or average: pool='token' | 'gap'); timm's "
-            "VisionTransformer(global_pool='map') reads this file")
+    head = {k: _widen(params.pop(k)) for k in [k for k in params if k.startswith("MAPHead_0/")]}
+    stray = sorted(k for k in params if k == "probe" or k.startswith("MAPHead_"))
+    if stray:
+        raise WeightsError(f"{source}: unknown big_vision attention-pooling parameter {prefix + stray[0]!r}")
     out: dict[str, np.ndarray] = {}
     scanned: dict[str, np.ndarray] = {}
     pos = None
@@ -122,7 +118,46 @@ def to_ours(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, torch
     else:
         out[_VIT_JAX_POS] = _with_class_row(pos[1], "cls" in out, f"{prefix}{pos[0]}", source)
     state, npz_hints = npz.to_ours(out, source)
+    if head:  # pool_type="map": the MAP head (SigLIP's image tower) as ours, `attn_pool`
+        state |= _map_head(head, source, prefix)
+        hints["pool"] = "map"
     return state, {**npz_hints, **hints}
+
+
+_MAP = "MAPHead_0/"
+_MAP_ATTN = _MAP + "MultiHeadDotProductAttention_0/"
+
+
+def _map_head(p: dict[str, np.ndarray], source: str, prefix: str) -> dict[str, torch.Tensor]:
+    """big_vision's `MAPHead_0` (probe, attention, LayerNorm, MLP) in timm's `attn_pool` names."""
+    def get(name: str, ndim: int) -> torch.Tensor:
+        if name not in p:
+            raise WeightsError(f"{source}: the MAP head has no {prefix}{name}")
+        if p[name].ndim != ndim:
+            raise WeightsError(f"{source}: {prefix}{name} has shape {p[name].shape}; expected {ndim} dimensions")
+        return torch.from_numpy(np.ascontiguousarray(p[name], dtype=np.float32))
+
+    known = {_MAP + "probe", *(f"{_MAP_ATTN}{n}/{k}" for n in ("query", "key", "value", "out")
+                                for k in ("kernel", "bias")),
+             *(f"{_MAP}LayerNorm_0/{k}" for k in ("scale", "bias")),
+             *(f"{_MAP}MlpBlock_0/Dense_{i}/{k}" for i in (0, 1) for k in ("kernel", "bias"))}
+    for name in sorted(set(p) - known):
+        raise WeightsError(f"{source}: unknown big_vision MAP-head parameter {prefix + name!r}")
+
+    def dense(n: str) -> tuple[torch.Tensor, torch.Tensor]:  # (D, heads, hd) kernel -> (heads * hd, D) weight
+        return get(f"{_MAP_ATTN}{n}/kernel", 3).flatten(1).T, get(f"{_MAP_ATTN}{n}/bias", 2).reshape(-1)
+
+    (qw, qb), (kw, kb), (vw, vb) = dense("query"), dense("key"), dense("value")
+    out = {"attn_pool.latent": get(_MAP + "probe", 3), "attn_pool.q.weight": qw, "attn_pool.q.bias": qb,
+           "attn_pool.kv.weight": torch.cat([kw, vw]), "attn_pool.kv.bias": torch.cat([kb, vb]),
+           "attn_pool.proj.weight": get(_MAP_ATTN + "out/kernel", 3).flatten(0, 1).T,  # (heads, hd, D) -> (D, D)
+           "attn_pool.proj.bias": get(_MAP_ATTN + "out/bias", 1),
+           "attn_pool.norm.weight": get(_MAP + "LayerNorm_0/scale", 1),
+           "attn_pool.norm.bias": get(_MAP + "LayerNorm_0/bias", 1)}
+    for i in (0, 1):
+        out[f"attn_pool.mlp.fc{i + 1}.weight"] = get(f"{_MAP}MlpBlock_0/Dense_{i}/kernel", 2).T
+        out[f"attn_pool.mlp.fc{i + 1}.bias"] = get(f"{_MAP}MlpBlock_0/Dense_{i}/bias", 1)
+    return {k: v.contiguous() for k, v in out.items()}
 
 
 def _params(arrays: dict[str, np.ndarray], source: str) -> tuple[dict[str, np.ndarray], str]:
