@@ -29,7 +29,7 @@ def build_app(weights: str, arch: str) -> FastAPI:
     app = FastAPI()
 
     @app.post("/predict")
-    def predict(file: UploadFile = File(...)) -> dict:
+    def predict(file: UploadFile = File(...)) -> dict:  # noqa: B008  (FastAPI's own idiom)
         img = Image.open(file.file).convert("RGB")
         x = transform(img).unsqueeze(0)
         with torch.no_grad():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 import litserve as ls
 import torch
@@ -22,15 +23,19 @@ from vitlab.data import transforms_for
 
 
 class VitlabAPI(ls.LitAPI):
-    def __init__(self, weights: str, mode: str, threads: int, **kw):
+    def __init__(self, weights: str, mode: str, threads: int, calib: str | None, **kw):
         super().__init__(**kw)
-        self.weights, self.mode, self.threads = weights, mode, threads
+        self.weights, self.mode, self.threads, self.calib = weights, mode, threads, calib
 
     def setup(self, device: str) -> None:
         torch.set_num_threads(self.threads)
         model = vitlab.load_model(self.weights).eval()
         self.transform = transforms_for(model)
-        self.net = vitlab.optimize(model, self.mode) if self.mode != "fp32" else model
+        calib = None
+        if self.calib:
+            files = sorted(str(p) for p in Path(self.calib).iterdir())
+            calib = torch.stack([self.transform(Image.open(f).convert("RGB")) for f in files])
+        self.net = vitlab.optimize(model, self.mode, calib=calib) if self.mode != "fp32" else model
 
     def decode_request(self, request):
         upload = request["file"]
@@ -53,9 +58,10 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8002)
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--batch-timeout", type=float, default=0.01)
+    p.add_argument("--calib", default=None, help="a folder of images (the calibrated modes)")
     args = p.parse_args()
     threads = len(os.sched_getaffinity(0))
-    api = VitlabAPI(args.weights, args.mode, threads, max_batch_size=args.max_batch_size,
+    api = VitlabAPI(args.weights, args.mode, threads, args.calib, max_batch_size=args.max_batch_size,
                     batch_timeout=args.batch_timeout)
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=600)
     server.run(host="127.0.0.1", port=args.port, num_api_servers=1, generate_client_file=False, log_level="warning")

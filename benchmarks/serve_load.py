@@ -5,15 +5,17 @@ overload that watches resident memory.
 The client is a closed-loop asyncio client in this process: N users, each on its own keep-alive connection, each
 sending one JPEG (640x480, multipart upload, as `curl -F` does) and waiting for the answer before the next. A 503
 is counted as shed load, and its user waits what Retry-After says, as a polite client does; any other non-200, and
-any broken connection, is an error. Each level runs `--warmup` seconds unmeasured, then `--duration` seconds
-measured (throughput = answers completed in that window / its length; latencies of those answers); then the users
-finish what they sent, so the next level starts on an idle server. Resident memory is the sum over the server's
+any broken connection, is an error (a kept-alive connection that the server closed while its user waited is
+reopened once first, as HTTP clients do: uvicorn closes idle connections after 5 s, and Retry-After can be
+longer). Each level runs `--warmup` seconds unmeasured, then `--duration` seconds measured (throughput = answers
+completed in that window / its length; latencies of those answers); then the users finish what they sent, so the
+next level starts on an idle server. Resident memory is the sum over the server's
 process tree (/proc), sampled every 5 s.
 
 Every server is started by this script, on the same random-weight checkpoint (vitlab.save_weights; timm loads it
 with strict=True), with timm's preprocessing for that architecture on both sides (crop 0.9, bicubic, mean/std 0.5).
 
-    .venv/bin/python benchmarks/serve_load.py --models ViT-S/16 ViT-B/16 --concurrency 1 8 32 128 --mode int8 \
+    .venv/bin/python benchmarks/serve_load.py --models ViT-S/16 ViT-B/16 --concurrency 1 8 32 128 \
         --compare fastapi vitlab-fp32 litserve --soak 600 -o benchmarks/results/serve
 """
 
@@ -32,6 +34,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -68,13 +71,14 @@ def make_checkpoint(name: str, folder: Path) -> Path:
     return path
 
 
-def make_images(n: int = 8) -> list[bytes]:
+def make_images(n: int = 8, seed: int = 0) -> list[bytes]:
     """Photo-like JPEGs, 640x480: smooth gradients plus noise (about 40-60 KB each)."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     out = []
     for i in range(n):
         y, x = np.mgrid[0:480, 0:640].astype(np.float32)
-        base = np.stack([np.sin(x / (40 + 7 * i)) * 80, np.cos(y / (30 + 5 * i)) * 80, (x + y) / 9], axis=-1)
+        k = i + 8 * seed
+        base = np.stack([np.sin(x / (40 + 7 * k)) * 80, np.cos(y / (30 + 5 * k)) * 80, (x + y) / 9], axis=-1)
         pixels = np.clip(base + 128 + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
         buf = io.BytesIO()
         Image.fromarray(pixels).save(buf, format="JPEG", quality=85)
@@ -109,7 +113,7 @@ class Served:
             m = "fp32" if engine == "vitlab-fp32" else mode
             cmd = [py, "-m", "vitlab.cli", "serve", str(checkpoint), "--mode", m, "--port", str(self.port),
                    "--max-batch-size", str(args.max_batch_size), "--batch-timeout", str(args.batch_timeout),
-                   "--max-queue", str(args.max_queue), "--workers", str(args.workers)]
+                   "--max-queue", str(args.max_queue), "--workers", str(args.workers), "--calib", str(args.calib)]
             self.mode = m
         elif engine == "fastapi":
             cmd = [py, str(HERE / "serve_baseline_fastapi.py"), "--weights", str(checkpoint), "--arch",
@@ -118,7 +122,7 @@ class Served:
         elif engine == "litserve":
             cmd = [py, str(HERE / "serve_baseline_litserve.py"), "--weights", str(checkpoint), "--mode", mode,
                    "--port", str(self.port), "--max-batch-size", str(args.max_batch_size), "--batch-timeout",
-                   str(args.batch_timeout)]
+                   str(args.batch_timeout), "--calib", str(args.calib)]
             self.mode = mode
         else:
             raise ValueError(f"unknown engine {engine!r}")
@@ -129,25 +133,33 @@ class Served:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{engine} exited with {self.proc.returncode}; see {self.log.name}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health",
+                                                                      timeout=5) as r:
+                if r.status == 200:
+                    break
             if time.time() > deadline:
                 raise RuntimeError(f"{engine} not ready after {args.start_timeout} s")
             time.sleep(0.5)
         self.ready_s = time.time() - self.started
 
     def rss_mb(self) -> float:
-        """Resident memory of the server and every process below it."""
-        pids = _tree(self.proc.pid)
+        """Resident memory of the server and every process below it (pages shared by a forked worker and its
+        forkserver are counted in each)."""
+        return _sum_field(_tree(self.proc.pid), "status", "VmRSS:")
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's processes have used so far."""
         total = 0
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1])
-        return total / 1024
+        for pid in _tree(self.proc.pid):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def pss_mb(self) -> float:
+        """Proportional set size of the same processes: shared pages split among their sharers."""
+        return _sum_field(_tree(self.proc.pid), "smaps_rollup", "Pss:")
+
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -160,6 +172,16 @@ class Served:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)  # LitServe's workers, if any outlived it
         self.log.close()
+
+
+def _sum_field(pids: list[int], file: str, field: str) -> float:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+                if line.startswith(field):
+                    total += int(line.split()[1])
+    return round(total / 1024, 1)
 
 
 def _tree(root: int) -> list[int]:
@@ -207,14 +229,23 @@ async def _user(uid: int, port: int, requests: list[bytes], t_measure: float, t_
     i = uid
     while loop.time() < t_stop:
         try:
-            if writer is None:
-                reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            assert reader is not None
             t0 = loop.time()
-            writer.write(requests[i % len(requests)])
+            for attempt in (0, 1):  # a kept-alive connection the server closed while idle: once more on a new one
+                fresh = writer is None
+                if writer is None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                assert reader is not None and writer is not None
+                try:
+                    writer.write(requests[i % len(requests)])
+                    await writer.drain()
+                    status, headers, _ = await _read_response(reader)
+                    break
+                except (OSError, asyncio.IncompleteReadError):
+                    writer.close()
+                    writer = None
+                    if fresh or attempt:
+                        raise
             i += 1
-            await writer.drain()
-            status, headers, _ = await _read_response(reader)
             t1 = loop.time()
             if t_measure <= t1 <= t_stop:
                 records.append((t0, t1 - t0, status))
@@ -236,7 +267,7 @@ async def _user(uid: int, port: int, requests: list[bytes], t_measure: float, t_
 
 
 async def _load(port: int, images: list[bytes], concurrency: int, warmup: float, duration: float,
-                sample=None) -> dict:
+                sample=None, cpu=None) -> dict:
     loop = asyncio.get_running_loop()
     requests = [request_bytes(im, "127.0.0.1", port) for im in images]
     start = loop.time()
@@ -244,14 +275,21 @@ async def _load(port: int, images: list[bytes], concurrency: int, warmup: float,
     records: list[tuple[float, float, int]] = []
     users = [asyncio.create_task(_user(u, port, requests, t_measure, t_stop, records)) for u in range(concurrency)]
     rss = []
+    await asyncio.sleep(warmup)
+    cpu0 = cpu() if cpu is not None else 0.0
     while loop.time() < t_stop:
         await asyncio.sleep(min(5.0, max(0.0, t_stop - loop.time())))
         if sample is not None:
-            rss.append((round(loop.time() - start, 1), round(sample(), 1)))
+            rss.append((round(loop.time() - start, 1), *sample()))
+    cpu_used = cpu() - cpu0 if cpu is not None else None
     await asyncio.wait(users, timeout=600)
     for u in users:
         u.cancel()
-    return summarize(records, duration) | ({"rss_mb": rss} if rss else {})
+    out = summarize(records, duration) | ({"rss_mb": rss} if rss else {})
+    if cpu_used:
+        out |= {"server_cpu_s": round(cpu_used, 1), "cores_used": round(cpu_used / duration, 2),
+                "per_cpu_s": round(out["answered"] / cpu_used, 2)}
+    return out
 
 
 def summarize(records: list[tuple[float, float, int]], duration: float) -> dict:
@@ -262,7 +300,7 @@ def summarize(records: list[tuple[float, float, int]], duration: float) -> dict:
     total = len(records)
     errors = sum(n for s, n in statuses.items() if s not in ("200", "503"))
     pct = (lambda q: round(float(np.percentile(ok, q)) * 1000, 1)) if len(ok) else (lambda q: None)
-    return {"answered": int(len(ok)), "throughput": round(len(ok) / duration, 2), "p50_ms": pct(50),
+    return {"answered": len(ok), "throughput": round(len(ok) / duration, 2), "p50_ms": pct(50),
             "p95_ms": pct(95), "p99_ms": pct(99), "shed_503": statuses.get("503", 0), "errors": errors,
             "error_rate": round(errors / total, 4) if total else 0.0, "statuses": statuses}
 
@@ -285,18 +323,22 @@ def load_average() -> str:
 
 def run(args: argparse.Namespace) -> dict:
     args.output.mkdir(parents=True, exist_ok=True)
-    work = args.output / "work"
-    work.mkdir(exist_ok=True)
+    work = args.work  # checkpoints (ViT-B/16: 350 MB) and calibration images: not results
+    work.mkdir(parents=True, exist_ok=True)
     images = make_images()
+    args.calib = work / "calib"  # the int8 modes calibrate on the same kind of photo (the weights are random)
+    args.calib.mkdir(exist_ok=True)
+    for i, image in enumerate(make_images(16, seed=1)):
+        (args.calib / f"{i:02d}.jpg").write_bytes(image)
     result: dict = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv), "host": host_class(),
                     "load_before": load_average(), "levels": [], "compare": [], "soak": None}
     print(f"host: {result['host']}; load {result['load_before']}", flush=True)
 
     def level(served: Served, model: str, c: int, duration: float) -> dict:
         load = load_average()
-        r = asyncio.run(_load(served.port, images, c, args.warmup, duration))
+        r = asyncio.run(_load(served.port, images, c, args.warmup, duration, cpu=served.cpu_seconds))
         row = {"engine": served.engine, "model": model, "mode": served.mode, "concurrency": c,
-               "load_before": load, "rss_mb": round(served.rss_mb(), 1), **r}
+               "load_before": load, "rss_mb": served.rss_mb(), "pss_mb": served.pss_mb(), **r}
         print(json.dumps(row), flush=True)
         return row
 
@@ -332,14 +374,15 @@ def run(args: argparse.Namespace) -> dict:
         try:
             load = load_average()
             r = asyncio.run(_load(served.port, images, args.soak_concurrency, args.warmup, args.soak,
-                                  sample=served.rss_mb))
-            rss = r["rss_mb"]
-            after_warm = next((v for t, v in rss if t >= args.warmup + 60), rss[0][1])
+                                  sample=lambda: (served.rss_mb(), served.pss_mb()), cpu=served.cpu_seconds))
+            rss = r["rss_mb"]  # (seconds, RSS, PSS) every 5 s
+            warm = next((s for s in rss if s[0] >= args.warmup + 60), rss[0])
             r |= {"engine": "vitlab", "model": model, "mode": served.mode, "concurrency": args.soak_concurrency,
                   "seconds": args.soak, "load_before": load, "load_after": load_average(),
-                  "rss_after_warmup_mb": after_warm, "rss_end_mb": rss[-1][1],
-                  "rss_max_mb": max(v for _, v in rss),
-                  "rss_growth": round((rss[-1][1] - after_warm) / after_warm, 4)}
+                  "rss_after_warmup_mb": warm[1], "rss_end_mb": rss[-1][1], "rss_max_mb": max(s[1] for s in rss),
+                  "rss_growth": round((rss[-1][1] - warm[1]) / warm[1], 4),
+                  "pss_after_warmup_mb": warm[2], "pss_end_mb": rss[-1][2],
+                  "pss_growth": round((rss[-1][2] - warm[2]) / warm[2], 4)}
             result["soak"] = r
             print(json.dumps({k: v for k, v in r.items() if k != "rss_mb"}), flush=True)
         finally:
@@ -355,33 +398,37 @@ def markdown(r: dict) -> str:
     lines = [f"`{r['command']}`", "", f"{r['date']}; host: {r['host']}; load average {r['load_before']} before, "
              f"{r.get('load_after', '?')} after", "",
              "| engine | model | mode | concurrency | req/s | p50 ms | p95 ms | p99 ms | 503 | errors | error rate | "
-             "RSS MB | load before |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "server cores used | req per CPU-s | RSS MB | PSS MB | load before |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for row in r["levels"] + [c for c in r["compare"] if c not in r["levels"] and "skipped" not in c]:
         lines.append(f"| {row['engine']} | {row['model']} | {row['mode']} | {row['concurrency']} | "
                      f"{row['throughput']} | {row['p50_ms']} | {row['p95_ms']} | {row['p99_ms']} | {row['shed_503']} | "
-                     f"{row['errors']} | {row['error_rate']:.2%} | {row['rss_mb']} | {row['load_before']} |")
+                     f"{row['errors']} | {row['error_rate']:.2%} | {row.get('cores_used')} | {row.get('per_cpu_s')} | "
+                     f"{row['rss_mb']} | {row['pss_mb']} | {row['load_before']} |")
     base = {(c["model"]): c for c in r["compare"] if c.get("engine") == "fastapi" and "throughput" in c}
     for c in r["compare"]:
         b = base.get(c["model"])
         if b and "throughput" in c and c["engine"] != "fastapi" and b["throughput"]:
+            per_cpu = (f", per CPU-second of the server {c['per_cpu_s'] / b['per_cpu_s']:.2f}x"
+                       if c.get("per_cpu_s") and b.get("per_cpu_s") else "")
             lines.append(f"\n{c['engine']} ({c['mode']}) / fastapi+timm at concurrency {c['concurrency']}, "
-                         f"{c['model']}: **{c['throughput'] / b['throughput']:.2f}x**")
+                         f"{c['model']}: **{c['throughput'] / b['throughput']:.2f}x** requests/s{per_cpu}")
     s = r.get("soak")
     if s:
         lines.append(f"\nSoak: {s['model']} {s['mode']}, concurrency {s['concurrency']}, {s['seconds']} s: "
                      f"{s['answered']} answered ({s['throughput']} req/s), {s['shed_503']} shed with 503, "
                      f"{s['errors']} other errors; p50/p95/p99 {s['p50_ms']}/{s['p95_ms']}/{s['p99_ms']} ms; RSS "
                      f"{s['rss_after_warmup_mb']} MB after warm-up -> {s['rss_end_mb']} MB at the end (max "
-                     f"{s['rss_max_mb']}): growth {s['rss_growth']:.2%}; load {s['load_before']} -> "
-                     f"{s['load_after']}")
+                     f"{s['rss_max_mb']}): growth {s['rss_growth']:.2%} (PSS {s['pss_after_warmup_mb']} -> "
+                     f"{s['pss_end_mb']} MB: {s['pss_growth']:.2%}); load {s['load_before']} -> {s['load_after']}")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["ViT-S/16", "ViT-B/16"], choices=sorted(TIMM_ARCH))
-    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32, 128])
-    p.add_argument("--mode", default="int8", help="vitlab serve --mode (and LitServe's)")
+    p.add_argument("--concurrency", nargs="*", type=int, default=[1, 8, 32, 128])
+    p.add_argument("--mode", default="openvino-int8", help="vitlab serve --mode (and LitServe's)")
     p.add_argument("--compare", nargs="*", default=["fastapi"], choices=["fastapi", "litserve", "vitlab-fp32"])
     p.add_argument("--compare-models", nargs="*", default=None, help="models the comparison runs for (default all)")
     p.add_argument("--compare-concurrency", type=int, default=32)
@@ -395,6 +442,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("-o", "--output", type=Path, default=Path("benchmarks/results/serve"))
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "vitlab-serve-load",
+                   help="where the random checkpoints and calibration images are written")
     args = p.parse_args()
     if args.compare_models is None:
         args.compare_models = args.models

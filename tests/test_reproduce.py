@@ -1,6 +1,8 @@
 """`vitlab reproduce`: the four experiments' quick settings end to end through the CLI (the report's numbers are the
-sub-runs' own report.json numbers, finished sub-runs are skipped, unfinished ones resumed), the budget arithmetic,
-the plan and recipe guards, and the two measures `inside` defines, against closed forms."""
+sub-runs' own report.json numbers, finished sub-runs are skipped, unfinished ones resumed), `--seeds` (one sub-run
+per seed, resumable per seed, mean ± standard error), `--plan`, the verdict over seeds against closed-form standard
+errors, the budget arithmetic, the plan and recipe guards, and the two measures `inside` defines, against closed
+forms."""
 
 import base64
 import contextlib
@@ -15,18 +17,21 @@ import pytest
 import yaml
 
 from vitlab.cli import main
-from vitlab.paper import budget, data_scale, inside, transfer
+from vitlab.paper import budget, data_scale, inside, resolution, transfer
+from vitlab.paper.forecast import forecast
 from vitlab.paper.inside import low_frequency_share, rollout_on_object
 from vitlab.paper.recipes import data_section, model_section, pretrain_recipe
+from vitlab.paper.stats import arm, combine, difference, seed_name, verdict
 from vitlab.paper.subrun import run_or_resume
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _reproduce(experiment: str, out) -> dict:
+def _reproduce(experiment: str, out, *extra: str) -> dict:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert main(["reproduce", experiment, "-o", str(out), "--quick", "--threads", "1", "--no-progress"]) == 0
+        assert main(["reproduce", experiment, "-o", str(out), "--quick", "--threads", "1", "--no-progress",
+                     *extra]) == 0
     printed = buf.getvalue()
     page = out / experiment / "report" / "report.html"
     assert f"report: {page}" in printed
@@ -40,9 +45,9 @@ def _reproduce(experiment: str, out) -> dict:
         assert data.startswith(PNG_MAGIC)
         assert base64.b64encode(data).decode() in html
         json.loads(png.with_suffix(".json").read_text())
-    assert result["claims"] and all(c["verdict"] in ("yes", "no", "partly") for c in result["claims"])
+    assert result["claims"] and all(c["verdict"] in ("yes", "no", "partly", "within noise") for c in result["claims"])
     for c in result["claims"]:
-        assert f"[{c['verdict']:>6}] {c['measured']}" in printed
+        assert f"[{c['verdict']:>12}] {c['measured']}" in printed
     assert "NaN" not in (page.parent / "result.json").read_text()
     return result
 
@@ -81,14 +86,19 @@ def test_quick_experiments_end_to_end_and_resume(quick_root):
         assert r["planned_steps"] == planned and rep["step"] <= planned
         assert r["stopped_early"] == (rep["step"] < planned) and rep["images_seen"] == rep["step"] * s["batch_size"]
         assert r["epochs"] == rep["images_seen"] / r["size"]
-        # the reported top-1 scores the weights of the best validation evaluation, logged on the val split
+        # the reported top-1 scores the weights of the best validation evaluation (the lowest val loss), logged on
+        # the val split
         assert r["best_step"] == rep["best_step"] <= rep["step"]
         vals = [row for row in _metrics(out / "data-scale" / name) if row["split"] == "eval_val"]
-        assert max(v["top1"] for v in vals) == rep["best_val_top1"] == r["best_val_top1"]
-        assert next(v["step"] for v in vals if v["top1"] == rep["best_val_top1"]) == rep["best_step"]
+        best = min(vals, key=lambda v: v["loss"])
+        assert best["step"] == rep["best_step"] and best["top1"] == rep["best_val_top1"] == r["best_val_top1"]
         assert rep["bad_data"]["train"]["num_skipped"] == 0
         assert r["status"] == "trained"
         assert _recipe(out / "data-scale" / name)["data"]["inception_crop"] is False  # no augmentation
+        # early stopping judges the val loss with a patience in epochs; the run's report has the curve
+        tr_ = _recipe(out / "data-scale" / name)["train"]
+        assert tr_["early_stop_metric"] == "loss" and tr_["early_stop_patience_epochs"] == s["patience_epochs"]
+        assert rep["early_stop"]["best_step"] == rep["best_step"] and len(rep["early_stop"]["curve"]) == len(vals)
     # the page shows the table's numbers
     html = (out / "data-scale" / "report" / "report.html").read_text()
     assert f"{100 * ds['runs']['bit-100']['top1']:.1f}%" in html
@@ -221,24 +231,32 @@ def test_budget_scales_every_step_count_by_one_factor(tmp_path, monkeypatch):
 def test_the_lead_claim_and_its_crossover():
     s = {"sizes": [1000, 10000, 100000], "shots": 5}
 
-    def result(bit, vit):
-        runs = {f"{k}-{n}": {"top1": a, "fewshot": a} for k, accs in (("bit", bit), ("vit", vit))
+    def result(bit, vit):  # one seed each, scored on 10,000 test images (1,000 for the probe)
+        runs = {f"{k}-{n}": {"top1": a, "fewshot": a, "test_images": 10000} for k, accs in (("bit", bit), ("vit", vit))
                 for n, a in zip(s["sizes"], accs)}
-        return {"settings": s, "runs": runs}
+        return {"settings": {**s, "probe_test": 1000}, "runs": runs}
 
     falling = result([0.80, 0.85, 0.90], [0.70, 0.79, 0.88])  # leads 10, 6, 2 points: 4 points less per 10x
     assert data_scale.leads(falling, "top1") == pytest.approx({1000: 0.10, 10000: 0.06, 100000: 0.02})
     assert data_scale.crossover(data_scale.leads(falling, "top1")) == pytest.approx(10 ** 5.5)
     verdicts = [c.verdict for c in data_scale.claims(falling)]
     assert verdicts == ["yes", "yes", "no"]  # top-1 and 5-shot leads fall at every step; ViT still behind
-    bumpy = result([0.80, 0.85, 0.90], [0.70, 0.72, 0.88])  # leads 10, 13, 2: shrinks overall, not at every step
+    # one seed: the standard error of each lead is the two test-set binomials', e.g. at 1,000 images
+    se_1k = ((0.8 * 0.2 + 0.7 * 0.3) / 10000) ** 0.5
+    assert data_scale.lead_estimates(falling, "top1")[1000].se == pytest.approx(se_1k)
+    bumpy = result([0.80, 0.85, 0.90], [0.70, 0.72, 0.88])  # leads 10, 13, 2: a rise of 3 is 3.4 standard errors
     assert data_scale.claims(bumpy)[0].verdict == "partly"
-    within_noise = result([0.80, 0.85, 0.90], [0.70, 0.79, 0.835])  # leads 10, 6, 6.5: a rise of 0.5 is noise
+    within_noise = result([0.80, 0.85, 0.90], [0.70, 0.79, 0.835])  # leads 10, 6, 6.5: a rise of 0.5 is 0.6 of one
     claim = data_scale.claims(within_noise)[0]
     assert claim.verdict == "yes" and claim.numbers["largest_rise"] == pytest.approx(0.005)
     assert "falls at 1 of 2 steps, the largest rise 0.5" in claim.measured
-    flat = result([0.80, 0.85, 0.90], [0.70, 0.75, 0.80])
-    assert data_scale.claims(flat)[0].verdict == "no" and data_scale.crossover(data_scale.leads(flat, "top1")) is None
+    flat = result([0.80, 0.85, 0.90], [0.70, 0.75, 0.80])  # leads 10, 10, 10: no change beyond noise
+    assert data_scale.claims(flat)[0].verdict == "within noise"
+    assert data_scale.crossover(data_scale.leads(flat, "top1")) is None
+    growing = result([0.80, 0.85, 0.90], [0.70, 0.72, 0.70])  # leads 10, 13, 20
+    assert data_scale.claims(growing)[0].verdict == "no"
+    close = result([0.80, 0.85, 0.900], [0.70, 0.79, 0.905])  # the ViT ahead by 0.5 at the largest: within noise
+    assert data_scale.claims(close)[-1].verdict == "within noise"
 
 
 def test_raghu_trend_on_the_lowest_layer():
@@ -299,3 +317,84 @@ def test_white_noise_share_is_the_expected_share_of_random_filters():
     noise = rng.standard_normal((4000, 1, 4, 4))
     assert white_noise_low_share(4) == pytest.approx(9 / 16)
     assert low_frequency_share(noise) == pytest.approx(white_noise_low_share(4), abs=0.01)  # Parseval, averaged
+
+
+def test_verdict_over_seeds_closed_forms():
+    a, b = arm([0.91, 0.90, 0.92]), arm([0.89, 0.88, 0.90])
+    # the seeds' sample standard deviation is 0.01 for both: each mean's standard error 0.01 / sqrt(3)
+    assert a.mean == pytest.approx(0.91) and a.se == pytest.approx(0.01 / 3 ** 0.5) and a.source == "seeds"
+    d = difference(a, b)
+    assert d.mean == pytest.approx(0.02) and d.se == pytest.approx(0.01 * (2 / 3) ** 0.5)  # 0.00816
+    assert verdict(d.mean, d.se) == "yes"  # 0.02 >= 2 x 0.00816
+    assert verdict(d.mean, d.se, bar=0.01) == "within noise"  # 0.01 above the bar < 2 x 0.00816
+    assert verdict(d.mean, d.se, bar=0.035) == "within noise"  # 0.015 below it: < 2 x 0.00816 = 0.0163
+    assert verdict(d.mean, d.se, bar=0.037) == "no"  # 0.017 below it: >= 2 standard errors
+    assert verdict(0.5, float("nan")) == "within noise"  # no standard error: nothing decided
+    # one seed: the binomial standard error of the test images
+    one = arm([0.97], test_images=500)
+    assert one.se == pytest.approx((0.97 * 0.03 / 500) ** 0.5) and one.source == "test set"  # ~0.76 points
+    assert arm([0.97]).source == "none"
+    assert combine(["yes", "yes"]) == "yes" and combine(["yes", "within noise"]) == "partly"
+    assert combine(["within noise"] * 3) == "within noise"
+    assert seed_name("vit-1000", 0) == "vit-1000" and seed_name("vit-1000", 2) == "vit-1000-seed2"
+
+
+def test_resolution_claim_reads_the_bar_in_standard_errors():
+    def result(control, ft):
+        return {"settings": {"low_size": 16, "size": 28, "modes": ["bicubic"], "steps": 10},
+                "table": {"bicubic": {"no_finetune": 0.7, "finetune": sum(ft) / len(ft), "finetune_seeds": ft}},
+                "pretrained_low": 0.8, "continue_low": sum(control) / len(control), "continue_low_seeds": control,
+                "test_images": 10000}
+
+    # gain +4.0 ± 0.82 over a bar of +1: 3 points above it, 3.7 standard errors: yes; +1.5: 0.6 of one: within noise
+    assert resolution.claims(result([0.89, 0.88, 0.90], [0.93, 0.92, 0.94]))[0].verdict == "yes"
+    assert resolution.claims(result([0.89, 0.88, 0.90], [0.905, 0.895, 0.915]))[0].verdict == "within noise"
+    assert resolution.claims(result([0.89, 0.88, 0.90], [0.88, 0.87, 0.89]))[0].verdict == "no"  # -1: 2.4 below
+    # gain +1.0: on the bar: within noise (the issue's second host)
+    claim = resolution.claims(result([0.89, 0.88, 0.90], [0.90, 0.89, 0.91]))[0]
+    assert claim.verdict == "within noise" and claim.numbers["gain_se"] == pytest.approx(0.01 * (2 / 3) ** 0.5)
+    assert "3 seeds per arm" in claim.measured
+    # one seed each: the test images' standard error, sqrt(0.9 0.1 / 1e4 + 0.89 0.11 / 1e4) = 0.43 points
+    claim = resolution.claims(result([0.89], [0.90]))[0]
+    assert claim.numbers["gain_se"] == pytest.approx(((0.9 * 0.1 + 0.89 * 0.11) / 10000) ** 0.5)
+    assert claim.verdict == "within noise" and "one seed per arm" in claim.measured
+
+
+def test_seeds_add_runs_per_seed_and_resume(tmp_path, monkeypatch):
+    out = tmp_path / "paper"
+    one = _reproduce("resolution", out)
+    assert one["seeds"] == 1 and not list((out / "resolution").glob("*-seed*"))
+    stamp = {p: p.stat().st_mtime_ns for p in (out / "resolution").glob("*/model.safetensors")}
+    two = _reproduce("resolution", out, "--seeds", "2")
+    # seed 0 is the one-seed run, read back; seed 1 of every compared arm is its own run, with train.seed 1
+    assert {n: r["status"] for n, r in two["runs"].items() if "-seed" not in n} == {n: "done" for n in one["runs"]}
+    seeded = {n for n in two["runs"] if n.endswith("-seed1")}
+    assert seeded == {"continue-16px-seed1", "finetune-28px-bicubic-seed1", "finetune-28px-bilinear-seed1"}
+    for n in seeded:
+        assert _recipe(out / "resolution" / n)["train"]["seed"] == 1 and two["runs"][n]["status"] == "trained"
+    assert stamp == {p: p.stat().st_mtime_ns for p in stamp}
+    control = two["continue_low_seeds"]
+    assert control == [_run_report(out / "resolution" / d)["final"]["top1"] for d in ("continue-16px",
+                                                                                      "continue-16px-seed1")]
+    assert two["claims"][0]["numbers"]["continue_low"] == pytest.approx(sum(control) / 2)
+    assert "2 seeds per arm" in two["claims"][0]["measured"]
+    # a rerun with the same seeds trains nothing
+    again = _reproduce("resolution", out, "--seeds", "2")
+    assert {r["status"] for r in again["runs"].values()} == {"done"}
+    # the forecast: every run of 3 seeds, those finished not left to train
+    monkeypatch.setattr("vitlab.paper.forecast.step_seconds", lambda model, bs, k=10: 0.5)
+    f = forecast("resolution", out, quick=True, seeds=3)
+    s = resolution.Settings.for_run(True)
+    assert f["runs"] == 1 + 3 * (1 + len(s.modes)) and f["runs_left"] == 1 + len(s.modes)
+    assert f["predicted_min"] == pytest.approx((s.pre_steps + 3 * (1 + len(s.modes)) * s.steps) * 0.5 / 60)
+    assert f["left_min"] == pytest.approx((1 + len(s.modes)) * s.steps * 0.5 / 60)
+
+
+def test_a_plan_of_an_earlier_version_is_refused(tmp_path):
+    exp = tmp_path / "data-scale"
+    data_scale.plan(exp, True, None)
+    saved = json.loads((exp / "plan.json").read_text())
+    saved["settings"]["patience"] = 5  # the retired evaluations-patience
+    (exp / "plan.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"made by an earlier version of vitlab \(settings patience are gone"):
+        data_scale.plan(exp, True, None)

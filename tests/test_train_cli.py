@@ -195,7 +195,8 @@ def test_eval_and_predict_run_through_speed_modes(trained, tmp_path, capsys):
 @pytest.mark.slow
 def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
     """The whole demo at 2 steps per run on synthetic data: pre-train at the recipe's low resolution, fine-tune at
-    its high one, four transfer runs, the analysis, one self-contained page."""
+    its high one, four transfer runs, the analysis, one self-contained page; with --seeds 2 the two headline
+    comparisons again with each recipe's seed + 1, and their seed spread on the page."""
     import yaml
 
     out = tmp_path / "demo"
@@ -204,7 +205,7 @@ def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
               "train.eval_max_samples=30", "model.depth=1", "data.dataset=synthetic", "data.num_samples=600",
               "train.batch_size=32"]:
         sets += ["--set", s]
-    assert main(["demo", "-o", str(out), "--no-progress", *sets]) == 0
+    assert main(["demo", "-o", str(out), "--no-progress", "--seeds", "2", *sets]) == 0
     printed = capsys.readouterr().out
     assert f"report: {out / 'report.html'}" in printed
     summary = json.loads((out / "demo.json").read_text())
@@ -233,6 +234,24 @@ def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
         page.count("<img")  # self-contained: every image inlined
     for value in (pre["top1"], ft["top1"], same["top1"], runs[0]["pretrained"]["top1"], runs[0]["scratch"]["top1"]):
         assert f"{100 * value:.2f}%" in page
+    # --seeds 2: each comparison once more with the recipe's seed + 1, from the one pre-training
+    for d, recipe in (("finetune-seed1", "demo_finetune.yaml"), ("same_resolution-seed1", "demo_finetune.yaml"),
+                      ("transfer/pretrained_10-seed1", "demo_transfer.yaml"), ("transfer/scratch_all-seed1",
+                                                                                "demo_transfer.yaml")):
+        seed = yaml.safe_load((ROOT / "configs" / recipe).read_text())["train"]["seed"]
+        assert yaml.safe_load((out / d / "recipe.yaml").read_text())["train"]["seed"] == seed + 1
+    spread = summary["seed_spread"]
+    gains = spread["resolution_gain"]["values"]
+    ft1 = json.loads((out / "finetune-seed1" / "report.json").read_text())["final"]["top1"]
+    same1 = json.loads((out / "same_resolution-seed1" / "report.json").read_text())["final"]["top1"]
+    assert gains == pytest.approx([ft["top1"] - same["top1"], ft1 - same1])  # both on the whole test split
+    assert spread["resolution_gain"]["se"] == pytest.approx(abs(gains[0] - gains[1]) / 2)  # s / sqrt(2), N = 2
+    assert set(spread["transfer"]) == {"10", "all"}
+    assert spread["transfer"]["10"]["values"][0] == pytest.approx(runs[0]["pretrained"]["top1"]
+                                                                  - runs[0]["scratch"]["top1"])
+    assert "Seed spread of the headline differences (2 seeds)" in page
+    assert f"{100 * spread['resolution_gain']['mean']:+.2f} ± {100 * spread['resolution_gain']['se']:.2f}" in page
+    assert "2 seeds: fine-tune minus control" in printed
     assert main(["demo", "-o", str(out)]) == 1  # never overwrites a demo
 
 

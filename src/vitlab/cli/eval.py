@@ -35,7 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, metavar="SPEC",
                    help='dataset: "fashion_mnist", "imagefolder:/path", "cifar10:/path", ...')
     p.add_argument("--split", default="test", choices=("test", "val", "train"), help="which split")
-    p.add_argument("--batch-size", type=int, default=256, help="images per forward pass")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="images per forward pass (default: 256 on a GPU, 16 on the CPU; memory grows with it, not "
+                        "with the number of images)")
     p.add_argument("--precision", choices=PRECISIONS, default="auto",
                    help="autocast precision (eager); auto: fp32 or bf16, whichever measures faster for this "
                         "model and batch on this machine (cached; VITLAB_AUTOTUNE=off: bf16 only with AMX or a GPU)")

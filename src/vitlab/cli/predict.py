@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a checkpoint (any format load_model reads, or a registry name)")
     p.add_argument("images", nargs="+", help="image files")
     p.add_argument("--top-k", type=int, default=5, help="classes shown per image")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="images decoded and classified at a time (memory grows with it, not with the number of "
+                        "images)")
     add_preprocess(p)
     p.add_argument("--mode", choices=MODES, default="fp32",
                    help="inference speed mode from vitlab.optimize (accuracy cost per mode: docs/speed.md)")
@@ -31,13 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inference.predict import predict
+    from ..inference.predict import iter_predict
     positive("--top-k", args.top_k)
-    out = predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode, resize=args.pp_resize,
-                  crop_fraction=args.crop_fraction, interpolation=args.interpolation)
+    positive("--batch-size", args.batch_size)
+    results = iter_predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode,
+                           resize=args.pp_resize, crop_fraction=args.crop_fraction, interpolation=args.interpolation,
+                           batch_size=args.batch_size)
     if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        for r in out:
-            print(r["image"] + ": " + ", ".join(f"{t['label']} {100 * t['prob']:.1f}%" for t in r["top"]))
+        print(json.dumps(list(results), indent=2))
+    else:  # each line as soon as its batch is done
+        for r in results:
+            print(r["image"] + ": " + ", ".join(f"{t['label']} {100 * t['prob']:.1f}%" for t in r["top"]), flush=True)
     return 0

@@ -29,12 +29,19 @@ Every training run is a `vitlab train` run directory under OUT/EXPERIMENT/ (tran
 OUT/upstream/); running the same command again skips finished runs and resumes unfinished ones. The report
 (report.html with the figures inlined, one PNG and JSON per figure, result.json) goes to OUT/EXPERIMENT/report/.
 --quick is the CI setting: tiny models on synthetic data in seconds; it checks the pipeline, not the finding.
+--seeds N runs every compared arm N times (train.seed 0..N-1: model init, data order, augmentation; seed k > 0 in
+OUT/EXPERIMENT/<run>-seed<k>/, resumable per seed; the shared pre-training once): the tables give mean ± standard
+error, the figures every seed, and a claim reads "yes" only when the mean difference is 2 standard errors of the
+difference above its bar ("no" 2 below), else "within noise". --plan prints the predicted training time (each
+model timed for a few steps here) and trains nothing.
 Needs the `paper` extra (scikit-learn, matplotlib)."""
 EXAMPLES = """\
   vitlab reproduce data-scale -o runs/paper                 # the full setting (docs/paper.md has its numbers)
   vitlab reproduce transfer -o runs/paper --budget 20       # steps scaled to about 20 minutes of training
   vitlab reproduce inside -o runs/paper                     # after the others: analyses their ViTs
-  vitlab reproduce resolution -o /tmp/rq --quick            # the pipeline in seconds"""
+  vitlab reproduce resolution -o /tmp/rq --quick            # the pipeline in seconds
+  vitlab reproduce resolution -o runs/paper --seeds 3 --plan  # how long 3 seeds take here, before running them
+  vitlab reproduce resolution -o runs/paper --seeds 3         # mean ± standard error; seed 0 is the 1-seed run"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,12 +51,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=None, metavar="MINUTES",
                    help="scale every run's steps by one factor so the experiment's training takes about this long "
                         "(timed on this machine first); default: the setting's own steps")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="runs of every compared arm, train.seed 0..N-1 (default 1); finished seeds are kept")
+    p.add_argument("--plan", action="store_true",
+                   help="print the runs and the predicted training time on this machine; train nothing")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
     add_progress(p)
 
 
 def run(args: argparse.Namespace) -> int:
     positive("--threads", args.threads)
+    positive("--seeds", args.seeds)
     if args.budget is not None and not args.budget > 0:
         raise UsageError(f"--budget must be a positive number of minutes, got {args.budget}")
     out = Path(args.output or "runs/paper")
@@ -60,9 +72,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    page = reproduce(args.experiment, out, quick=args.quick, budget_min=args.budget, progress=want_progress(args))
+    if args.plan:
+        from ..paper.forecast import describe, forecast
+
+        print(describe(forecast(args.experiment, out, quick=args.quick, seeds=args.seeds)))
+        return 0
+    page = reproduce(args.experiment, out, quick=args.quick, budget_min=args.budget, progress=want_progress(args),
+                     seeds=args.seeds)
     result = json.loads((page.parent / "result.json").read_text(encoding="utf-8"))
     for c in result["claims"]:
-        print(f"[{c['verdict']:>6}] {c['measured']}")
+        print(f"[{c['verdict']:>12}] {c['measured']}")
     print(f"report: {page}")
     return 0

@@ -20,6 +20,15 @@ The budgets (50 / 25 / 10 / 8 / 8 epochs for 1k / 3k / 10k / 30k / 58.8k images)
 runs and the large ones near their best: with 4 and 3 epochs at 30k and 58.8k (2026-12-05) the ViTs' best
 validation step was at 88% and 94% of the budget, the ViT still learning, and the ResNet's lead rose from +1.4 to
 +1.5 points at the last step; with 8 epochs it falls from +1.5 at 30k to -0.3 at 58.8k (docs/paper.md).
+
+Early stopping judges the val loss with a patience of 5 epochs (`vitlab.train.early_stop`; issue 37): the earlier
+rule (the best raw val top-1 on the 1,200 val images, a patience of 5 evaluations, 2 epochs at 58.8k) stopped the
+58.8k ViT at 65% of its budget on a one-evaluation top-1 spike while its val loss was still falling. One standard
+error of a top-1 near 88% on 1,200 images is 0.9 points; every run's report states its own.
+
+With `seeds` > 1 every (model, size) run is repeated with train.seed 1, 2, ... (model init, data order; the subset
+stays the same), each in its own sub-run directory (`stats.seed_name`), and the claims compare means with their
+standard errors (`vitlab.paper.stats`).
 """
 
 from __future__ import annotations
@@ -36,13 +45,11 @@ from .budget import Job, budget_factor
 from .figures import lines_plot
 from .plan import load_or_make_plan
 from .recipes import LABELS, MODEL_KINDS, data_section, model_section, pretrain_recipe
-from .report import Claim, Section, pct, png_bytes
+from .report import Claim, Section, png_bytes
+from .stats import NO, NOISE, PARTLY, YES, Estimate, arm, difference, pct_se, points, seed_name, verdict
 from .subrun import SubRunResult, run_or_resume
 
 NAME = "data-scale"
-# A change in the ResNet's lead counts only beyond this (accuracy points as a fraction): about two standard errors of
-# the difference of two accuracies measured on the 10,000 test images (sqrt(2 * 0.2 * 0.8 / 10000) = 0.6%).
-NOISE = 0.012
 FULL_TRAIN = 60000  # Fashion-MNIST's training split, before the validation hold-out
 
 
@@ -59,7 +66,9 @@ class Settings:
         batch_size: Every run's batch; warmup_frac: the warm-up's share of each run's steps.
         val_fraction: The validation hold-out (stratified, the same images for every run and size).
         evals: Validation evaluations per run (early stopping looks every steps / evals steps).
-        patience: Evaluations in a row without a new best before a run stops.
+        patience_epochs: Epochs of training without a better val loss before a run stops (not evaluations: a
+            58.8k-image run evaluates every 0.4 epochs, a 1k-image one every 2.5).
+        stop_metric: What early stopping judges ("loss"; `train.early_stop_metric`).
         augment: Keep the shipped recipe's random crops and flips (default off, see the module docstring).
         shots: The linear probe's shots per class; probe_seeds: its draws; probe_pool / probe_test: its images.
         eval_samples: Test images scored (None: the whole test split).
@@ -73,7 +82,8 @@ class Settings:
     warmup_frac: float = 0.05
     val_fraction: float = 0.02
     evals: int = 20
-    patience: int = 5
+    patience_epochs: float = 5.0
+    stop_metric: str = "loss"
     augment: bool = False
     shots: int = 5
     probe_seeds: int = 5
@@ -85,7 +95,8 @@ class Settings:
     @classmethod
     def for_run(cls, quick: bool) -> Settings:
         if quick:
-            return cls(sizes=[100, 300], epochs=[4.0, 2.0], batch_size=16, val_fraction=0.05, evals=3, patience=1,
+            return cls(sizes=[100, 300], epochs=[4.0, 2.0], batch_size=16, val_fraction=0.05, evals=3,
+                       patience_epochs=1.0,
                        probe_seeds=2, probe_pool=100, probe_test=100, eval_samples=100, quick=True)
         return cls()
 
@@ -99,7 +110,7 @@ class Settings:
                 for kind in self.models for n, e in zip(self.sizes, self.epochs)]
 
 
-def recipe_for(s: Settings, kind: str, size: int):
+def recipe_for(s: Settings, kind: str, size: int, seed: int = 0):
     epochs = s.epochs[s.sizes.index(size)]
     steps = s.steps(size, epochs)
     extra = {} if s.augment else {"inception_crop": False, "hflip": False}
@@ -108,7 +119,9 @@ def recipe_for(s: Settings, kind: str, size: int):
              "eval_samples": s.probe_test}
     return pretrain_recipe(model_section(kind, s.quick), data, steps=steps, batch_size=s.batch_size,
                            warmup=max(1, round(s.warmup_frac * steps)), fewshot=probe, eval_samples=s.eval_samples,
-                           early_stop_every=max(1, steps // s.evals), early_stop_patience=s.patience)
+                           seed=seed, early_stop_every=max(1, steps // s.evals),
+                           early_stop_patience_epochs=s.patience_epochs, early_stop_metric=s.stop_metric,
+                           early_stop_smoothing="none" if s.stop_metric == "loss" else "window")
 
 
 def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings, dict[str, Any]]:
@@ -124,32 +137,56 @@ def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings
     return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)
 
 
-def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False) -> dict[str, Any]:
-    """Train every (model, size) sub-run (skipping finished ones, resuming unfinished ones) and collect the result."""
+def planned_jobs(s: Settings) -> list[tuple[str, Job, bool]]:
+    """(sub-run name, budget job, repeated per seed) of every run, for `--plan`."""
+    return [(name, job, True) for name, _, _, job in s.jobs()]
+
+
+def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False,
+        seeds: int = 1) -> dict[str, Any]:
+    """Train every (model, size) sub-run for each seed (skipping finished ones, resuming unfinished ones) and
+    collect the result."""
     exp_dir = out / NAME
     s, probe = plan(exp_dir, quick, budget_min)
     runs: dict[str, dict[str, Any]] = {}
-    for name, kind, size, job in s.jobs():
-        recipe = recipe_for(s, kind, size)
-        r: SubRunResult = run_or_resume(name, recipe, exp_dir / name, progress=progress)
-        fewshot = r.evaluators.get("fewshot", {})
-        runs[name] = {**r.to_dict(), "model_kind": kind, "size": size,
-                      "fewshot": fewshot.get(f"{s.shots}shot"), "fewshot_std": fewshot.get(f"{s.shots}shot_std"),
-                      "planned_steps": job.steps, "epochs": r.images_seen / size,
-                      "best_epoch": (r.best_step or r.steps) * s.batch_size / size,
-                      "stopped_early": r.steps < job.steps}
-    return {"experiment": NAME, "settings": s.__dict__, "budget": probe, "runs": runs}
+    for seed in range(seeds):
+        for base, kind, size, job in s.jobs():
+            name = seed_name(base, seed)
+            r: SubRunResult = run_or_resume(name, recipe_for(s, kind, size, seed), exp_dir / name, progress=progress)
+            fewshot = r.evaluators.get("fewshot", {})
+            runs[name] = {**r.to_dict(), "arm": base, "seed": seed, "model_kind": kind, "size": size,
+                          "fewshot": fewshot.get(f"{s.shots}shot"), "fewshot_std": fewshot.get(f"{s.shots}shot_std"),
+                          "planned_steps": job.steps, "epochs": r.images_seen / size,
+                          "best_epoch": (r.best_step or r.steps) * s.batch_size / size,
+                          "stopped_early": r.steps < job.steps}
+    return {"experiment": NAME, "settings": s.__dict__, "budget": probe, "runs": runs, "seeds": seeds}
+
+
+def arm_estimate(result: dict[str, Any], kind: str, size: int, metric: str) -> Estimate | None:
+    """The (model kind, size) arm's `metric` over its seeds: mean and standard error (`stats.arm`; one seed: the
+    binomial standard error of its test images, the probe's `probe_test`)."""
+    s = result["settings"]
+    got = [r for name, r in result["runs"].items()
+           if r.get("arm", name) == f"{kind}-{size}" and r.get(metric) is not None]
+    if not got:
+        return None
+    n = s.get("probe_test") if metric == "fewshot" else got[0].get("test_images")
+    return arm([r[metric] for r in sorted(got, key=lambda r: r.get("seed", 0))], n)
+
+
+def lead_estimates(result: dict[str, Any], metric: str, other: str = "vit") -> dict[int, Estimate]:
+    """BiT's accuracy minus `other`'s at each size both have (mean over seeds, standard error of the difference)."""
+    out = {}
+    for n in result["settings"]["sizes"]:
+        b, v = arm_estimate(result, "bit", n, metric), arm_estimate(result, other, n, metric)
+        if b is not None and v is not None:
+            out[n] = difference(b, v)
+    return out
 
 
 def leads(result: dict[str, Any], metric: str, other: str = "vit") -> dict[int, float]:
-    """BiT's accuracy minus `other`'s at each size both have, by size."""
-    runs = result["runs"]
-    out = {}
-    for n in result["settings"]["sizes"]:
-        b, v = runs.get(f"bit-{n}"), runs.get(f"{other}-{n}")
-        if b is not None and v is not None and b[metric] is not None and v[metric] is not None:
-            out[n] = b[metric] - v[metric]
-    return out
+    """BiT's mean accuracy minus `other`'s at each size both have, by size."""
+    return {n: e.mean for n, e in lead_estimates(result, metric, other).items()}
 
 
 def crossover(lead: dict[int, float]) -> float | None:
@@ -163,26 +200,38 @@ def crossover(lead: dict[int, float]) -> float | None:
     return float(10 ** min(-icept / slope, 300.0))
 
 
-def _monotone_claim(lead: dict[int, float], what: str, metric: str) -> Claim:
-    """"yes" when the lead shrinks from the smallest to the largest size by more than NOISE and no step up in size
-    raises it by more than NOISE (monotone within the measurement's noise); "partly" when it shrinks overall only."""
+def _monotone_claim(lead: dict[int, Estimate], what: str, metric: str) -> Claim:
+    """"yes" when the lead shrinks from the smallest to the largest size by at least 2 standard errors of that
+    change and no step up in size raises it by 2 standard errors ("partly" when one does); "no" when it grows by 2
+    standard errors; otherwise "within noise"."""
     sizes = list(lead)
-    drops = [lead[a] - lead[b] for a, b in itertools.pairwise(sizes)]
-    series = ", ".join(f"{n:,}: {100 * d:+.1f}" for n, d in lead.items())
     first, last = lead[sizes[0]], lead[sizes[-1]]
-    rise = max(0.0, -min(drops))
-    monotone = rise <= NOISE
-    shrinks = first > 0 and first - last > NOISE
+    shrink = difference(first, last)
+    steps_ = [difference(lead[b], lead[a]) for a, b in itertools.pairwise(sizes)]  # rise of each step up in size
+    rise = max(0.0, *(d.mean for d in steps_)) if steps_ else 0.0
+    real_rises = [d for d in steps_ if verdict(d.mean, d.se) == YES]
+    shrinks = verdict(shrink.mean, shrink.se)
+    series = ", ".join(f"{n:,}: {points(d)}" for n, d in lead.items())
+    falls = sum(d.mean < 0 for d in steps_)
     steps = ("falls at every step" if rise == 0 else
-             f"falls at {sum(d > 0 for d in drops)} of {len(drops)} steps, the largest rise {100 * rise:.1f}")
+             f"falls at {falls} of {len(steps_)} steps, the largest rise {100 * rise:.1f}")
+    v = (YES if not real_rises else PARTLY) if shrinks == YES else (NO if shrinks == NO else NOISE)
     return Claim(
         paper="Sec. 4.3, Fig. 3-4: ResNets (BiT) do better than ViT with smaller pre-training datasets, ViT overfits "
               "more; the ResNet's lead shrinks as the data grows",
         measured=f"{what}, BiT minus ViT by training images: {series} points ({steps}; "
-                 f"{100 * (first - last):+.1f} from the smallest to the largest; a change counts beyond "
-                 f"{100 * NOISE:.1f}, about two standard errors)",
-        verdict="yes" if monotone and shrinks else ("partly" if shrinks else "no"),
-        numbers={"metric": metric, "largest_rise": rise, **{f"lead_at_{n}": d for n, d in lead.items()}})
+                 f"{points(shrink)} from the smallest to the largest, ± one standard error; a change counts at 2 "
+                 f"standard errors ({_se_words(first)}), {len(real_rises)} step(s) up in size raise it that much)",
+        verdict=v,
+        numbers={"metric": metric, "largest_rise": rise, "shrink": shrink.mean, "shrink_se": shrink.se,
+                 **{f"lead_at_{n}": d.mean for n, d in lead.items()},
+                 **{f"lead_se_at_{n}": d.se for n, d in lead.items()}})
+
+
+def _se_words(e: Estimate) -> str:
+    if e.source == "seeds":
+        return f"standard errors from {e.n} seeds per arm"
+    return "one seed per arm: standard errors of the test images alone, no seed spread"
 
 
 def claims(result: dict[str, Any]) -> list[Claim]:
@@ -190,55 +239,75 @@ def claims(result: dict[str, Any]) -> list[Claim]:
     s = result["settings"]
     out = []
     for metric, what in (("top1", "test top-1"), ("fewshot", f"{s['shots']}-shot linear probe")):
-        lead = leads(result, metric)
+        lead = lead_estimates(result, metric)
         if len(lead) >= 2:
             out.append(_monotone_claim(lead, what, metric))
-    lead = leads(result, "top1")
+    lead = lead_estimates(result, "top1")
     if lead:
         large = max(lead)
-        runs = result["runs"]
-        v, b = runs[f"vit-{large}"]["top1"], runs[f"bit-{large}"]["top1"]
-        x = crossover(lead)
+        v, b = arm_estimate(result, "vit", large, "top1"), arm_estimate(result, "bit", large, "top1")
+        assert v is not None and b is not None
+        ahead = difference(v, b)
+        x = crossover({n: e.mean for n, e in lead.items()})
         where = (f"the lead's trend (least squares against log10 of the size) reaches zero at about {x:,.0f} images"
                  if x is not None else "the lead does not fall with the data, so no crossover is in sight")
         out.append(Claim(
             paper="Sec. 4.3, Fig. 3: with the largest pre-training data (JFT-300M) ViT overtakes the ResNet",
-            measured=f"test top-1 at {large:,} images: ViT {pct(v)}, BiT {pct(b)}; {where} (Fashion-MNIST has "
-                     f"{FULL_TRAIN:,})",
-            verdict="yes" if v >= b else "no", numbers={"vit": v, "bit": b, "size": large, "crossover": x}))
+            measured=f"test top-1 at {large:,} images: ViT {pct_se(v)}, BiT {pct_se(b)}: ViT minus BiT "
+                     f"{points(ahead)} points; {where} (Fashion-MNIST has {FULL_TRAIN:,})",
+            verdict=verdict(ahead.mean, ahead.se),
+            numbers={"vit": v.mean, "bit": b.mean, "vit_minus_bit": ahead.mean, "se": ahead.se, "size": large,
+                     "seeds": v.n, "crossover": x}))
     return out
 
 
 def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
     s, runs = result["settings"], result["runs"]
     header = ["model", *[f"{n:,} images" for n in s["sizes"]]]
-    rows_top1, rows_fs, rows_ep = [], [], []
-    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {"top1": {}, "fewshot": {}}
+    rows_top1: list[list[str]] = []
+    rows_fs: list[list[str]] = []
+    rows_ep: list[list[str]] = []
+    panels: dict[str, dict[str, tuple]] = {"top1": {}, "fewshot": {}}
     for kind in s["models"]:
-        got = [runs[f"{kind}-{n}"] for n in s["sizes"] if f"{kind}-{n}" in runs]
-        rows_top1.append([LABELS[kind], *[pct(r["top1"]) for r in got]])
-        rows_fs.append([LABELS[kind], *[pct(r["fewshot"]) for r in got]])
+        sizes = [n for n in s["sizes"] if arm_estimate(result, kind, n, "top1") is not None]
+        seed0 = [runs[f"{kind}-{n}"] for n in sizes if f"{kind}-{n}" in runs]
+        for metric, rows in (("top1", rows_top1), ("fewshot", rows_fs)):
+            ests = [arm_estimate(result, kind, n, metric) for n in sizes]
+            rows.append([LABELS[kind], *[pct_se(e) for e in ests]])
+            pts = [(r["size"], r[metric]) for r in runs.values()
+                   if r.get("model_kind") == kind and r.get(metric) is not None]
+            panels[metric][LABELS[kind]] = (sizes, [e.mean if e else None for e in ests],
+                                            [e.se if e and e.n >= 2 else None for e in ests], pts)
         rows_ep.append([LABELS[kind], *[f"{r['best_epoch']:.1f} / {r['epochs']:.1f}"
-                                        + (" (stopped)" if r["stopped_early"] else "") for r in got]])
-        for metric in ("top1", "fewshot"):
-            panels[metric][LABELS[kind]] = ([r["size"] for r in got], [r[metric] for r in got])
-    lead_lines = {f"{LABELS['bit']} minus {LABELS[k]}": ([float(n) for n in lead], list(lead.values()))
-                  for k in s["models"] if k != "bit" for lead in [leads(result, "top1", k)] if lead}
+                                        + (" (stopped)" if r["stopped_early"] else "") for r in seed0]])
+    lead_lines: dict[str, tuple] = {}
+    for k in s["models"]:
+        if k == "bit":
+            continue
+        lead = lead_estimates(result, "top1", k)
+        if lead:
+            lead_lines[f"{LABELS['bit']} minus {LABELS[k]}"] = (
+                [float(n) for n in lead], [e.mean for e in lead.values()],
+                [e.se if e.n >= 2 else None for e in lead.values()])
     fig = lines_plot([("Test top-1 (Fig. 3 analogue)", panels["top1"]),
                       (f"{s['shots']}-shot linear probe on frozen features (Fig. 4 analogue)", panels["fewshot"]),
                       ("The ResNet's lead (test top-1)", lead_lines)],
                      xlabel="training images (random Fashion-MNIST subset)", ylabel="accuracy (%)", logx=True)
     budget = ", ".join(f"{n:,}: {e:g}" for n, e in zip(s["sizes"], s["epochs"]))
+    seeds = result.get("seeds", 1)
+    patience = s.get("patience_epochs")
     sec = Section("accuracy_vs_data", "Accuracy against data size (Fig. 3-4)",
-                  f"Each point is one run trained to convergence for its subset: at most {budget} epochs (batch "
-                  f"{s['batch_size']}), early stopping on {100 * s['val_fraction']:g}% of the training split held "
-                  f"out (patience {s['patience']} of {s['evals']} evaluations), the best-validation weights scored "
-                  f"on the test split and by the {s['shots']}-shot ridge probe; "
+                  f"Each point is the mean of {seeds} seed(s) (bars: one standard error; dots: every seed), each run "
+                  f"trained to convergence for its subset: at most {budget} epochs (batch {s['batch_size']}), early "
+                  f"stopping on the val {s.get('stop_metric', 'loss')} over {100 * s['val_fraction']:g}% of the "
+                  f"training split held out (patience {patience:g} epochs, {s['evals']} evaluations per run), the "
+                  f"best-validation weights scored on the test split and by the {s['shots']}-shot ridge probe; "
                   + ("random crops and flips." if s["augment"] else "no data augmentation."),
                   png_bytes(fig), {k: v for k, v in panels.items()} | {"lead_top1": lead_lines})
-    tables = [("Test top-1 (the best-validation weights)", header, rows_top1),
+    tables = [(f"Test top-1 (the best-validation weights; mean ± standard error over {seeds} seed(s))", header,
+               rows_top1),
               (f"{s['shots']}-shot linear probe", header, rows_fs),
-              ("Epochs: best validation / trained (stopped: early stopping ended the run)", header, rows_ep)]
+              ("Epochs of seed 0: best validation / trained (stopped: early stopping ended the run)", header, rows_ep)]
     return tables, [sec]
 
 

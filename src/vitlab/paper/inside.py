@@ -69,7 +69,8 @@ def _candidates(out: Path) -> list[dict[str, Any]]:
         return json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
 
     found = []
-    for run_dir in sorted((out / "data-scale").glob("vit-*"), key=lambda p: int(p.name.split("-")[1])):
+    seed0 = [p for p in (out / "data-scale").glob("vit-*") if "-seed" not in p.name]  # other seeds: the same runs
+    for run_dir in sorted(seed0, key=lambda p: int(p.name.split("-")[1])):
         if finished(run_dir):
             r = report(run_dir)
             found.append({"name": f"data-scale/{run_dir.name}", "run_dir": run_dir, "top1": r["final"]["top1"],
@@ -161,8 +162,9 @@ def _summary(result: Any, extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False) -> dict[str, Any]:
-    del budget_min  # analysis only, unless a ViT must be trained (then the setting's steps)
+def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False,
+        seeds: int = 1) -> dict[str, Any]:
+    del budget_min, seeds  # analysis only (of seed 0's ViTs), unless a ViT must be trained (then the setting's steps)
     s = Settings.for_run(quick)
     found = _candidates(out)
     runs: dict[str, dict[str, Any]] = {}

@@ -1,5 +1,7 @@
 """An experiment's plan: its settings (quick or full, scaled to a budget) fixed on the first call and kept in
-`plan.json`, so that running the same command again resumes the same sub-runs instead of starting others."""
+`plan.json`, so that running the same command again resumes the same sub-runs instead of starting others. The
+number of seeds is not part of the plan: a later call with more `--seeds` keeps the runs of the seeds it has and
+adds the others."""
 
 from __future__ import annotations
 
@@ -30,6 +32,12 @@ def load_or_make_plan(exp_dir: Path, name: str, *, quick: bool, budget_min: floa
         if saved.get("options") != options:
             raise ValueError(f"{exp_dir} holds a run of {name} made with {_describe(saved.get('options') or {})}; "
                              f"run it with the same options to resume it, or choose another --out")
+        known = {f.name for f in dataclasses.fields(settings_cls)}  # type: ignore[arg-type]
+        stale = sorted(set(saved["settings"]) - known)
+        if stale:
+            raise ValueError(f"{path} was made by an earlier version of vitlab (settings {', '.join(stale)} are gone; "
+                             f"e.g. early stopping now judges the val loss with a patience in epochs, issue 37); its "
+                             f"runs are not this version's: choose another --out, or remove {exp_dir} to start over")
         return settings_cls(**saved["settings"]), saved.get("budget") or {}
     settings, probe = make()
     exp_dir.mkdir(parents=True, exist_ok=True)

@@ -55,9 +55,11 @@ def data_section(quick: bool, **overrides: Any) -> dict[str, Any]:
 
 def pretrain_recipe(model: dict[str, Any], data: dict[str, Any], *, steps: int, batch_size: int, warmup: int,
                     seed: int = 0, fewshot: dict[str, Any] | None = None, eval_samples: int | None = None,
-                    lr: float | None = None, early_stop_every: int = 0, early_stop_patience: int = 0) -> Recipe:
+                    lr: float | None = None, early_stop_every: int = 0, early_stop_patience_epochs: float = 0.0,
+                    early_stop_metric: str = "loss", early_stop_smoothing: str = "none") -> Recipe:
     """`fmnist_pretrain.yaml` (AdamW) with the model, data, length and batch replaced; with `early_stop_every`,
-    early stopping on the val split (`data.val_fraction`), the run ending with its best val weights."""
+    early stopping on the val split (`data.val_fraction`; the val loss by default, a patience in epochs), the run
+    ending with its best val weights. `seed`: model init, data order, augmentation."""
     d = copy.deepcopy(read_recipe_dict(recipes.path("fmnist_pretrain")))
     d["model"], d["data"] = dict(model), dict(data)
     d["schedule"]["warmup_steps"] = warmup
@@ -65,8 +67,10 @@ def pretrain_recipe(model: dict[str, Any], data: dict[str, Any], *, steps: int, 
         d["optim"]["lr"] = lr
     d["train"].update(steps=steps, batch_size=batch_size, seed=seed, precision="fp32", log_every=max(1, steps // 20),
                       checkpoint_every=max(1, steps // 4), keep_checkpoints=1, eval_batch_size=500,
-                      eval_max_samples=eval_samples, early_stop_every=early_stop_every,
-                      early_stop_patience=early_stop_patience)
+                      eval_max_samples=eval_samples, early_stop_every=early_stop_every)
+    if early_stop_every:
+        d["train"].update(early_stop_patience_epochs=early_stop_patience_epochs, early_stop_metric=early_stop_metric,
+                          early_stop_smoothing=early_stop_smoothing)
     if fewshot is not None:
         d["train"]["evaluators"] = [{"kind": "fewshot", "name": "fewshot", **fewshot}]
     return Recipe.from_dict(d)
@@ -74,7 +78,7 @@ def pretrain_recipe(model: dict[str, Any], data: dict[str, Any], *, steps: int, 
 
 def finetune_recipe(model: dict[str, Any], data: dict[str, Any], *, init: str, steps: int, batch_size: int,
                     warmup: int, lr: float, drop_head: bool, pos_embed_resize: str = "bicubic",
-                    eval_samples: int | None = None) -> Recipe:
+                    eval_samples: int | None = None, seed: int = 0) -> Recipe:
     """`fmnist_finetune.yaml` (the paper's fine-tuning: SGD momentum 0.9, no weight decay, clipping at 1, warm-up +
     cosine) from the checkpoint `init`, with a zero-initialised head when `drop_head` (a new label space)."""
     d = copy.deepcopy(read_recipe_dict(recipes.path("fmnist_finetune")))
@@ -83,6 +87,6 @@ def finetune_recipe(model: dict[str, Any], data: dict[str, Any], *, init: str, s
     d["schedule"]["warmup_steps"] = warmup
     d["train"].update(steps=steps, batch_size=batch_size, precision="fp32", log_every=max(1, steps // 20),
                       checkpoint_every=max(1, steps // 4), keep_checkpoints=1, eval_batch_size=500,
-                      eval_max_samples=eval_samples)
+                      eval_max_samples=eval_samples, seed=seed)
     d["init"] = {"checkpoint": str(init), "drop_head": drop_head, "pos_embed_resize": pos_embed_resize}
     return Recipe.from_dict(d)

@@ -17,11 +17,13 @@ from typing import Any
 from ..analysis.page import Section
 from ..utils.io import write_atomic
 
-__all__ = ["Claim", "Section", "png_bytes", "write_report"]
+__all__ = ["VERDICTS", "Claim", "Section", "png_bytes", "write_report"]
+
+VERDICTS = ("yes", "no", "partly", "within noise")
 
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:auto;padding:1em}img{max-width:100%}"
          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;"
-         "vertical-align:top}.yes{color:#070}.no{color:#a00}.partly{color:#a60}")
+         "vertical-align:top}.yes{color:#070}.no{color:#a00}.partly{color:#a60}.noise{color:#555}")
 
 
 @dataclass
@@ -31,7 +33,8 @@ class Claim:
     Attributes:
         paper: The paper's claim, with its section / figure / table.
         measured: Our measurement, in words with its numbers.
-        verdict: "yes" (reproduced), "no" (not at this scale) or "partly".
+        verdict: "yes" (reproduced: 2 standard errors above the bar), "no" (2 below), "within noise" (neither) or
+            "partly" (a claim tested at several settings, with different verdicts; `vitlab.paper.stats`).
         numbers: The numbers behind the verdict (shown on the page, kept in result.json).
     """
 
@@ -41,8 +44,8 @@ class Claim:
     numbers: dict[str, Any]
 
     def __post_init__(self) -> None:
-        if self.verdict not in ("yes", "no", "partly"):
-            raise ValueError(f"verdict must be yes, no or partly, got {self.verdict!r}")
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"paper": self.paper, "measured": self.measured, "verdict": self.verdict, "numbers": self.numbers}

@@ -39,6 +39,9 @@ class SubRunResult:
         model: The final weights (model.safetensors).
         best_step, best_val_top1: With early stopping: the step whose weights the run ended with (what `top1`
             scores) and their validation top-1; None without.
+        test_images: Images `top1` was measured on.
+        early_stop: With early stopping: the run's report of it (rule, val images and standard error, curve, best,
+            stop point; `vitlab.train.early_stop.summary`); None without.
     """
 
     name: str
@@ -52,12 +55,15 @@ class SubRunResult:
     model: str = ""
     best_step: int | None = None
     best_val_top1: float | None = None
+    test_images: int | None = None
+    early_stop: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "run_dir": self.run_dir, "status": self.status, "top1": self.top1,
                 "steps": self.steps, "images_seen": self.images_seen, "train_time_s": self.train_time_s,
                 "evaluators": self.evaluators, "model": self.model, "best_step": self.best_step,
-                "best_val_top1": self.best_val_top1}
+                "best_val_top1": self.best_val_top1, "test_images": self.test_images,
+                "early_stop": self.early_stop}
 
 
 def finished(run_dir: Path) -> bool:
@@ -81,7 +87,8 @@ def _read(name: str, run_dir: Path, status: str) -> SubRunResult:
                         steps=int(report.get("step", 0)), images_seen=int(report.get("images_seen", 0)),
                         train_time_s=float(report.get("train_time_s", 0.0)),
                         evaluators=dict(report.get("evaluators") or {}), model=str(run_dir / "model.safetensors"),
-                        best_step=report.get("best_step"), best_val_top1=report.get("best_val_top1"))
+                        best_step=report.get("best_step"), best_val_top1=report.get("best_val_top1"),
+                        test_images=ev.get("num_samples"), early_stop=report.get("early_stop"))
 
 
 def run_or_resume(name: str, recipe: Recipe, run_dir: str | Path, *, progress: bool = False) -> SubRunResult:

@@ -16,6 +16,11 @@ long and its transfer short. After 5 epochs (89.8% on the six upstream classes) 
 digits at 25 and all labels per class (-1.6 and -0.8 points); after 15 epochs (93.1%) fine-tuning was ahead at both
 (+0.2, +0.4; 2026-12-06, docs/paper.md). A lower fine-tuning learning rate did not help there (lr 0.03: -4.2 and -5.0
 points; 0.2: -0.8 and -1.2).
+
+With `seeds` > 1 fine-tuning and scratch are repeated with train.seed 1, 2, ... (head / model init, data order,
+augmentation; `stats.seed_name` directories) from the one shared upstream; the probe depends on the upstream only
+(its draws are its own spread). A label count reads "yes" when fine-tuning's mean lead over scratch is 2 standard
+errors above zero (`vitlab.paper.stats`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from .figures import bar_groups
 from .plan import load_or_make_plan
 from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
+from .stats import Estimate, arm, combine, difference, pct_se, points, seed_name, verdict
 from .subrun import run_or_resume
 from .upstream import HELD_OUT_CLASSES, UPSTREAM_CLASSES, ensure_upstream, upstream_recipe
 
@@ -119,18 +125,24 @@ def _label_name(labels: int | None) -> str:
     return "all" if labels is None else str(labels)
 
 
+def planned_jobs(s: Settings) -> list[tuple[str, Job, bool]]:
+    """(sub-run name, budget job, repeated per seed): the shared upstream, then fine-tuning and scratch."""
+    vit = model_section("vit", s.quick)
+    jobs = [("../upstream", Job(vit, s.upstream_batch, s.upstream_steps, len(UPSTREAM_CLASSES)), False)]
+    for t in s.tasks:
+        for k in s.labels:
+            n = train_images(t, s.quick, k)
+            job = Job(vit, min(s.batch_size, n), s.steps(n), _num_classes(t))
+            jobs += [(f"{t}-{how}-{_label_name(k)}", job, True) for how in ("finetune", "scratch")]
+    return jobs
+
+
 def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings, dict[str, Any]]:
     def make() -> tuple[Settings, dict[str, Any]]:
         s = Settings.for_run(quick)
         if budget_min is None:
             return s, {}
-        vit = model_section("vit", quick)
-        jobs = [Job(vit, s.upstream_batch, s.upstream_steps, len(UPSTREAM_CLASSES))]
-        for t in s.tasks:
-            for k in s.labels:
-                n = train_images(t, quick, k)
-                jobs += [Job(vit, min(s.batch_size, n), s.steps(n), _num_classes(t))] * 2  # fine-tune, scratch
-        factor, probe = budget_factor(jobs, budget_min)
+        factor, probe = budget_factor([j for _, j, _ in planned_jobs(s)], budget_min)
         s.upstream_steps = scale_steps(s.upstream_steps, factor)
         s.upstream_warmup = max(1, min(s.upstream_warmup, s.upstream_steps // 10))
         s.epochs *= factor
@@ -163,7 +175,8 @@ def _probe(model_path: str, task: str, s: Settings) -> dict[str, Any]:
     return out
 
 
-def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False) -> dict[str, Any]:
+def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False,
+        seeds: int = 1) -> dict[str, Any]:
     exp_dir = out / NAME
     s, probe = plan(exp_dir, quick, budget_min)
     up = ensure_upstream(out, upstream_recipe(quick, s.upstream_steps, s.upstream_batch, s.upstream_warmup,
@@ -180,63 +193,105 @@ def run(out: Path, *, quick: bool = False, budget_min: float | None = None, prog
             bs, steps = min(s.batch_size, n), s.steps(n)
             warmup = max(1, steps // 10)
             name = _label_name(labels)
-            ft = run_or_resume(f"{task}-finetune-{name}", finetune_recipe(
-                vit, data, init=up.model, steps=steps, batch_size=bs, warmup=warmup, lr=s.finetune_lr_at(bs),
-                drop_head=True, eval_samples=s.eval_samples), exp_dir / f"{task}-finetune-{name}", progress=progress)
-            sc = run_or_resume(f"{task}-scratch-{name}", pretrain_recipe(
-                vit, data, steps=steps, batch_size=bs, warmup=warmup, eval_samples=s.eval_samples, lr=s.scratch_lr),
-                exp_dir / f"{task}-scratch-{name}", progress=progress)
-            runs[ft.name], runs[sc.name] = ft.to_dict(), sc.to_dict()
-            table[task][name] = {"finetune": ft.top1, "scratch": sc.top1, "images": n, "steps": steps,
+            got: dict[str, list[float]] = {"finetune": [], "scratch": []}
+            test_images = None
+            for seed in range(seeds):
+                ft_name, sc_name = (seed_name(f"{task}-{how}-{name}", seed) for how in ("finetune", "scratch"))
+                ft = run_or_resume(ft_name, finetune_recipe(
+                    vit, data, init=up.model, steps=steps, batch_size=bs, warmup=warmup, lr=s.finetune_lr_at(bs),
+                    drop_head=True, eval_samples=s.eval_samples, seed=seed), exp_dir / ft_name, progress=progress)
+                sc = run_or_resume(sc_name, pretrain_recipe(
+                    vit, data, steps=steps, batch_size=bs, warmup=warmup, eval_samples=s.eval_samples,
+                    lr=s.scratch_lr, seed=seed), exp_dir / sc_name, progress=progress)
+                runs[ft.name] = {**ft.to_dict(), "arm": f"{task}-finetune-{name}", "seed": seed}
+                runs[sc.name] = {**sc.to_dict(), "arm": f"{task}-scratch-{name}", "seed": seed}
+                got["finetune"].append(ft.top1)
+                got["scratch"].append(sc.top1)
+                test_images = ft.test_images
+            table[task][name] = {"finetune": sum(got["finetune"]) / seeds, "scratch": sum(got["scratch"]) / seeds,
+                                 "finetune_seeds": got["finetune"], "scratch_seeds": got["scratch"],
+                                 "test_images": test_images, "images": n, "steps": steps,
                                  "epochs": steps * bs / n, "probe": (probes.get(name) or {}).get("mean"),
                                  "probe_std": (probes.get(name) or {}).get("std")}
     return {"experiment": NAME, "settings": s.__dict__, "budget": probe, "runs": runs, "table": table,
-            "upstream": {"top1": up.top1, "steps": up.steps, "classes": "Fashion-MNIST 0-5"}}
+            "upstream": {"top1": up.top1, "steps": up.steps, "classes": "Fashion-MNIST 0-5"}, "seeds": seeds}
+
+
+def row_arms(row: dict[str, Any]) -> tuple[Estimate, Estimate, Estimate | None]:
+    """(fine-tune, scratch, probe) of a table row as means with standard errors (`stats.arm`); the probe, one value
+    per upstream, takes the binomial standard error of the test images."""
+    n = row.get("test_images")
+    ft = arm(row.get("finetune_seeds") or [row["finetune"]], n)
+    sc = arm(row.get("scratch_seeds") or [row["scratch"]], n)
+    pr = arm([row["probe"]], n) if row.get("probe") is not None else None
+    return ft, sc, pr
 
 
 def claims(result: dict[str, Any]) -> list[Claim]:
     out = []
     for task, rows in result["table"].items():
         names = list(rows)
-        wins = [n for n in names if rows[n]["finetune"] > rows[n]["scratch"]]
-        gaps = {n: rows[n]["finetune"] - rows[n]["scratch"] for n in names}
-        verdict = "yes" if len(wins) == len(names) else ("partly" if wins else "no")
+        arms_ = {n: row_arms(rows[n]) for n in names}
+        gaps = {n: difference(a[0], a[1]) for n, a in arms_.items()}
+        verdicts = {n: verdict(g.mean, g.se) for n, g in gaps.items()}
+        wins = [n for n in names if verdicts[n] == "yes"]
+        seeds = arms_[names[0]][0].n
+        noise = (f"{seeds} seeds per arm" if seeds >= 2 else "one seed per arm: ± the standard error of the test "
+                 "images alone")
         out.append(Claim(
             paper="Sec. 4.2 / Table 2: pre-training on a large dataset, then fine-tuning, beats training on the "
                   "downstream task alone",
-            measured=f"{TASKS[task]}: fine-tuning beats scratch at {len(wins)} of {len(names)} label counts; "
-                     + ", ".join(f"{n}/class {100 * g:+.1f} pts" for n, g in gaps.items()),
-            verdict=verdict, numbers={"task": task, **{f"gap_{n}": g for n, g in gaps.items()}}))
-        probe_vs = {n: rows[n]["probe"] - rows[n]["scratch"] for n in names if rows[n]["probe"] is not None}
+            measured=f"{TASKS[task]}: fine-tuning beats scratch by 2 standard errors at {len(wins)} of {len(names)} "
+                     "label counts; fine-tune minus scratch " + ", ".join(
+                         f"{n}/class {points(g)} pts ({verdicts[n]})" for n, g in gaps.items()) + f" ({noise})",
+            verdict=combine(verdicts.values()),
+            numbers={"task": task, "seeds": seeds, **{f"gap_{n}": g.mean for n, g in gaps.items()},
+                     **{f"gap_se_{n}": g.se for n, g in gaps.items()}}))
+        probe_vs = {n: difference(a[2], a[1]) for n, a in arms_.items() if a[2] is not None}
         few = [n for n in probe_vs if n != "all" and int(n) <= 10]
         if few:
-            better = [n for n in few if probe_vs[n] > 0]
+            pv = {n: verdict(probe_vs[n].mean, probe_vs[n].se) for n in few}
+            better = [n for n in few if pv[n] == "yes"]
             out.append(Claim(
                 paper="Sec. 4.1: a linear few-shot probe on frozen pre-trained features is a useful measure of "
                       "the representation (used where fine-tuning is too costly)",
-                measured=f"{TASKS[task]}: the frozen-feature probe beats training from scratch at "
-                         f"{len(better)} of {len(few)} label counts <= 10/class; "
-                         + ", ".join(f"{n}/class {100 * probe_vs[n]:+.1f} pts" for n in few),
-                verdict="yes" if len(better) == len(few) else ("partly" if better else "no"),
-                numbers={"task": task, **{f"probe_minus_scratch_{n}": probe_vs[n] for n in few}}))
+                measured=f"{TASKS[task]}: the frozen-feature probe beats training from scratch by 2 standard errors "
+                         f"at {len(better)} of {len(few)} label counts <= 10/class; "
+                         + ", ".join(f"{n}/class {points(probe_vs[n])} pts ({pv[n]})" for n in few),
+                verdict=combine(pv.values()),
+                numbers={"task": task, **{f"probe_minus_scratch_{n}": probe_vs[n].mean for n in few}}))
     return out
 
 
 def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
     tables, parts = [], []
     s = result["settings"]
+    seeds = result.get("seeds", 1)
     for task, rows in result["table"].items():
         header = ["labels per class", "images", "steps (epochs)", "fine-tune (SGD, zero head)",
-                  "linear probe (frozen)", "scratch (AdamW)"]
-        body = [[n, f"{r['images']:,}", f"{r['steps']} ({r['epochs']:.3g})", pct(r["finetune"]), pct(r["probe"]),
-                 pct(r["scratch"])] for n, r in rows.items()]
-        tables.append((f"{TASKS[task]}: test top-1", header, body))
+                  "linear probe (frozen)", "scratch (AdamW)", "fine-tune minus scratch (points)"]
+        body = []
         names = list(rows)
+        arms_ = {n: row_arms(rows[n]) for n in names}
+        for n, r in rows.items():
+            ft, sc, _ = arms_[n]
+            gap = difference(ft, sc)
+            body.append([n, f"{r['images']:,}", f"{r['steps']} ({r['epochs']:.3g})", pct_se(ft), pct(r["probe"]),
+                         pct_se(sc), f"{points(gap)} ({verdict(gap.mean, gap.se)})"])
+        tables.append((f"{TASKS[task]}: test top-1 (mean ± standard error over {seeds} seed(s))", header, body))
+
+        def err(e: Estimate) -> float | None:
+            return e.se if e.n >= 2 else None
+
         fig = bar_groups([f"{n}/class" for n in names],
-                         {"fine-tune": [rows[n]["finetune"] for n in names],
+                         {"fine-tune": [arms_[n][0].mean for n in names],
                           "linear probe": [rows[n]["probe"] for n in names],
-                          "scratch": [rows[n]["scratch"] for n in names]},
-                         ylabel="test top-1 (%)", title=TASKS[task])
+                          "scratch": [arms_[n][1].mean for n in names]},
+                         ylabel="test top-1 (%)", title=TASKS[task],
+                         errors={"fine-tune": [err(arms_[n][0]) for n in names],
+                                 "scratch": [err(arms_[n][1]) for n in names]},
+                         points={"fine-tune": [list(arms_[n][0].values) for n in names],
+                                 "scratch": [list(arms_[n][1].values) for n in names]})
         parts.append(Section(f"transfer_{task}", f"Transfer to {TASKS[task]} (Table 2 protocol)",
                              f"Upstream: the ViT pre-trained on Fashion-MNIST classes 0-5 for "
                              f"{result['upstream']['steps']} steps (upstream test top-1 "
@@ -245,8 +300,9 @@ def tables_and_figures(result: dict[str, Any]) -> tuple[list, list[Section]]:
                              f"steps (batch up to {s['batch_size']}); fine-tuning SGD at lr {s['finetune_lr']:g} "
                              f"per batch of {s['batch_size']} (scaled linearly with the batch), scratch AdamW; the "
                              f"probe: ridge on frozen features, mean of "
-                             f"{s['probe_seeds']} draws; test top-1 on the task's test split.", png_bytes(fig),
-                             {"rows": rows}))
+                             f"{s['probe_seeds']} draws; test top-1 on the task's test split; {seeds} seed(s) of "
+                             f"fine-tuning and scratch (bars: mean ± one standard error, dots: every seed).",
+                             png_bytes(fig), {"rows": rows}))
     return tables, parts
 
 

@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..models.preprocess import Preprocess
 from ..utils.version import __version__
@@ -211,7 +212,10 @@ def create_app(cfg: ServeConfig, info: ModelInfo, engine: Engine, metrics: Metri
                                {"WWW-Authenticate": "Bearer"})
 
     async def images_of(request: Request) -> tuple[list[np.ndarray], list[str | None]]:
-        body = await read_body(request.headers, request.stream(), cfg.max_body_bytes)
+        try:
+            body = await read_body(request.headers, request.stream(), cfg.max_body_bytes)
+        except ClientDisconnect:  # nobody to answer; counted, not logged as a fault
+            raise RequestError(400, "client_disconnected", "the client left before its body arrived") from None
         images = await split_body(request.headers, body, cfg.max_images)
         del body
         loop = asyncio.get_running_loop()

@@ -13,6 +13,12 @@
 Each training step is a shipped recipe (configs/demo_pretrain.yaml, demo_finetune.yaml, demo_transfer.yaml) run
 through the same `train()` as `vitlab train`; the final models are evaluated on the whole test set. Everything
 lands on one self-contained HTML page (`report.html`, `vitlab.train.demo_page`) and in `demo.json`.
+
+With `seeds` > 1 the two headline comparisons, fine-tuning at 28 px against the same steps at 16 px and transfer
+against scratch, are run again with the recipes' train.seed + 1, + 2, ... (head, data order, augmentation) from the
+one pre-trained model, in `finetune-seed{k}/`, `same_resolution-seed{k}/` and `transfer/*-seed{k}/`; the page shows
+each seed's difference, their mean ± standard error and the verdict (`vitlab.utils.stats`). The default, one
+seed, runs exactly what it ran before.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from ..models.vit import VisionTransformer
 from ..perf.autotune import machine_key
 from ..utils.extras import MissingExtraError
 from ..utils.io import write_atomic
+from ..utils.stats import arm, verdict
 from ..weights import load_model
 from . import recipes
 from .build import data_config_with_init
@@ -56,7 +63,7 @@ log = logging.getLogger(__name__)
 
 
 def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = (), data_root: str | None = None,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, seeds: int = 1) -> dict[str, Any]:
     """Pre-train, fine-tune, transfer, analyse, and write `out/report.html`; returns what `out/demo.json` holds.
 
     Args:
@@ -66,6 +73,8 @@ def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = 
         overrides: `section.key=value` overrides applied to every recipe (e.g. `train.steps=20` for a quick look).
         data_root: Fashion-MNIST IDX folder (default: the recipes' data.root).
         progress: tqdm bars during training.
+        seeds: Runs of the two headline comparisons (fine-tune vs control, transfer vs scratch), each with the
+            recipes' seed + 0 .. seeds - 1; the pre-training is shared.
 
     Raises:
         FileNotFoundError: A recipe is missing.
@@ -105,9 +114,23 @@ def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = 
     log.info("      control test top-1 %.2f%%; higher resolution %+.2f points", 100 * same_test.top1,
              100 * (ft_test.top1 - same_test.top1))
 
+    gains = [ft_test.top1 - same_test.top1]
+    for k in range(1, seeds):
+        extra = [f"train.seed={ft_recipe.train.seed + k}"]
+        _, ft_k = _stage(load_recipe(configs / RECIPES["finetune"], [*fmnist, f"init.checkpoint={pre['model']}",
+                                                                     *extra]), out / f"finetune-seed{k}", progress,
+                         summary, f"finetune-seed{k}")
+        _, same_k = _stage(load_recipe(configs / RECIPES["finetune"], [*fmnist, f"init.checkpoint={pre['model']}",
+                                                                       f"model.img_size={low}", *extra]),
+                           out / f"same_resolution-seed{k}", progress, summary, f"same_resolution-seed{k}")
+        gains.append(ft_k.top1 - same_k.top1)
+        log.info("      seed +%d: fine-tune %.2f%% vs control %.2f%% (%+.2f points)", k, 100 * ft_k.top1,
+                 100 * same_k.top1, 100 * gains[-1])
+
     log.info("[3/4] transfer to digits: pre-trained vs from scratch -> %s", out / "transfer")
     t, c = time.perf_counter(), time.process_time()
-    transfer = run_transfer(configs / RECIPES["transfer"], user, str(pre["model"]), out / "transfer", progress)
+    transfer = run_transfer(configs / RECIPES["transfer"], user, str(pre["model"]), out / "transfer", progress,
+                            seeds=seeds)
     _timed(summary, "transfer", t, c)
 
     log.info("[4/4] analysis of the fine-tuned model, report")
@@ -122,7 +145,8 @@ def run_demo(out: Path, configs: Path | None = None, overrides: Sequence[str] = 
                    same_resolution=_brief(same, same_test, same_recipe), model=_model_words(model.cfg),
                    resolution_gain={"over_pretrain": ft_test.top1 - pre_test.top1,
                                     "over_same_steps_at_low_resolution": ft_test.top1 - same_test.top1},
-                   transfer=transfer, findings=analysis.findings)
+                   transfer=transfer, findings=analysis.findings,
+                   seed_spread=seed_spread(gains, transfer, seeds))
     summary["load_average_end"] = list(os.getloadavg())
     summary["report"] = str(out / "report.html")
     _timed(summary, "analysis", t, c)
@@ -161,12 +185,13 @@ def full_evaluation(recipe: Recipe, result: TrainResult) -> EvalResult:
 
 
 def run_transfer(recipe_path: Path, overrides: Sequence[str], checkpoint: str, out: Path,
-                 progress: bool) -> dict[str, Any]:
-    """The transfer recipe from `checkpoint` and from scratch, for each label budget of `TRANSFER_LABELS`.
+                 progress: bool, seeds: int = 1) -> dict[str, Any]:
+    """The transfer recipe from `checkpoint` and from scratch, for each label budget of `TRANSFER_LABELS`; with
+    `seeds` > 1 each again with the recipe's seed + 1, + 2, ... (`*-seed{k}/`; their top-1 in "seeds").
 
     Returns:
-        {"dataset", "runs": [{"labels_per_class", "train_images", "pretrained": {...}, "scratch": {...}}]}, or
-        {"skipped": why} when the transfer data set needs an extra that is not installed.
+        {"dataset", "runs": [{"labels_per_class", "train_images", "pretrained": {..., "seeds": [top-1 per seed]},
+        "scratch": {...}}]}, or {"skipped": why} when the transfer data set needs an extra that is not installed.
     """
     runs = []
     dataset = None
@@ -181,15 +206,42 @@ def run_transfer(recipe_path: Path, overrides: Sequence[str], checkpoint: str, o
                 _check(result)
                 ev = result["eval"]
                 row[kind] = {"top1": ev["top1"], "steps": result["step"], "optimizer": recipe.optim.name,
-                             "lr": recipe.optim.lr, "curve": _curve(result, recipe.train.batch_size)}
+                             "lr": recipe.optim.lr, "curve": _curve(result, recipe.train.batch_size),
+                             "seeds": [ev["top1"]]}
+                for k in range(1, seeds):
+                    again = load_recipe(recipe_path, [*overrides, *budget, *extra,
+                                                      f"train.seed={recipe.train.seed + k}"])
+                    r_k = train(again, out / f"{kind}_{labels or 'all'}-seed{k}", progress=progress)
+                    _check(r_k)
+                    row[kind]["seeds"].append(r_k["eval"]["top1"])
                 row["train_images"] = _train_size(recipe)
                 row["test_images"] = ev["num_samples"]
-                log.info("      %s, %s labels per class: %s %.2f%%", dataset, labels or "all", kind, 100 * ev["top1"])
+                log.info("      %s, %s labels per class: %s %s", dataset, labels or "all", kind,
+                         " / ".join(f"{100 * x:.2f}%" for x in row[kind]["seeds"]))
             runs.append(row)
     except MissingExtraError as e:
         log.warning("transfer step skipped: %s", e)
         return {"skipped": str(e)}
     return {"dataset": dataset, "runs": runs}
+
+
+def seed_spread(gains: list[float], transfer: dict[str, Any], seeds: int) -> dict[str, Any] | None:
+    """The two headline differences over the seeds (None with one seed): each seed's difference (fine-tune minus
+    the control at the pre-training's resolution; pre-trained minus scratch per label budget, seed k against seed k),
+    their mean, the standard error of the mean (`vitlab.utils.stats.arm`) and the verdict ("yes" when the mean is 2
+    standard errors above zero, "no" 2 below, else "within noise")."""
+    if seeds < 2:
+        return None
+
+    def one(diffs: list[float]) -> dict[str, Any]:
+        e = arm(diffs)
+        return {"values": diffs, "mean": e.mean, "se": e.se, "verdict": verdict(e.mean, e.se)}
+
+    out: dict[str, Any] = {"seeds": seeds, "resolution_gain": one(gains), "transfer": {}}
+    for row in transfer.get("runs", []):
+        p, s = row["pretrained"]["seeds"], row["scratch"]["seeds"]
+        out["transfer"][str(row["labels_per_class"])] = one([a - b for a, b in zip(p, s)])
+    return out
 
 
 def _train_size(recipe: Recipe) -> int:

@@ -155,6 +155,30 @@ def _transfer_verdict(transfer: dict[str, Any]) -> str:
             "upstream data is related (Fashion-MNIST classes held out of pre-training) and with a plain ViT.")
 
 
+def seed_spread_html(spread: dict[str, Any] | None) -> list[str]:
+    """The two headline differences over the seeds (`vitlab demo --seeds N`): every seed's, the mean ± standard
+    error and the verdict; nothing with one seed."""
+    if not spread:
+        return []
+
+    def row(name: str, d: dict[str, Any]) -> str:
+        each = ", ".join(f"{100 * v:+.2f}" for v in d["values"])
+        return (f"<tr><td>{html.escape(name)}</td><td class=n>{each}</td><td class=n><b>{100 * d['mean']:+.2f} ± "
+                f"{100 * d['se']:.2f}</b></td><td><b>{html.escape(d['verdict'])}</b></td></tr>")
+
+    rows = [row("fine-tune at the native resolution minus the control (same steps at the pre-training's)",
+                spread["resolution_gain"])]
+    rows += [row(f"transfer: pre-trained minus scratch, {labels} labels per class", d)
+             for labels, d in spread["transfer"].items()]
+    return [f"<h2>Seed spread of the headline differences ({spread['seeds']} seeds)</h2>",
+            "<p>Each comparison run again with the recipes' seed + 1, + 2, ... (head, data order, augmentation) from "
+            "the one pre-trained model; each seed's difference in points (seed k against seed k), their mean ± one "
+            "standard error (the seeds' standard deviation / sqrt(N)), and the verdict: <i>yes</i> when the mean is "
+            "at least 2 standard errors above zero, <i>no</i> 2 below, otherwise <i>within noise</i>.</p>",
+            "<table><tr><th>difference</th><th>each seed (points)</th><th>mean ± standard error</th>"
+            "<th>verdict</th></tr>", *rows, "</table>"]
+
+
 def _per_class(summary: dict[str, Any]) -> list[str]:
     pre, ft = summary["pretrain"]["per_class"], summary["finetune"]["per_class"]
     rows = [f"<tr><td>{html.escape(c)}</td><td class=n>{_pct(pre.get(c, float('nan')))}</td>"
@@ -204,6 +228,7 @@ def page_html(summary: dict[str, Any], analysis: Any) -> str:
         _img(_png(curve_figure(summary)), "eval curve"),
         "<h2>Transfer to another data set vs training from scratch (paper Sec. 4.2)</h2>",
         *_transfer_html(summary["transfer"]),
+        *seed_spread_html(summary.get("seed_spread")),
         "<h2>Inside the fine-tuned model (paper Sec. 4.5)</h2>",
         *_findings(summary["findings"]),
     ]

@@ -74,8 +74,9 @@ def _loop(run: Run, stop: StopFlag) -> str:
         if state.step % tr.log_every == 0 or done:
             run.log_train(result)
         if run.run_evaluators() and not done:  # early stopping's val evaluation says stop
-            return (f"completed (early stop at step {state.step}: no better val top-1 in {tr.early_stop_patience} "
-                    f"evaluations; the weights of step {state.best_step})")
+            what = run.stopper.rule.describe() if run.stopper is not None else "val metric"
+            return (f"completed (early stop at step {state.step}: no better {what} in "
+                    f"{tr.early_stop_patience_epochs:g} epochs; the weights of step {state.best_step})")
         stopping = not all_true(stop.reason is None, run.info)
         if (tr.checkpoint_every and state.step % tr.checkpoint_every == 0 and not done) or stopping:
             run.save()  # a skipped step changed no weight, so the state is still a good one

@@ -25,6 +25,8 @@ from ..models.config import RESIZE_MODES, ViTConfig, check_bool, check_keys, che
 from ..models.resnet import ResNetConfig, config_from_name
 from ..perf.precision import PRECISIONS
 from ..weights import WeightsError, load_model, read_config
+from .early_stop import METRICS as EARLY_STOP_METRICS
+from .early_stop import SMOOTHING as EARLY_STOP_SMOOTHING
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -198,11 +200,19 @@ class TrainSection:
             inside one run); low-resolution steps are several times cheaper. Sizes must be multiples of the
             pixels per token; `until` strictly increasing in (0, 1). null: off.
         early_stop_every: Early stopping on the held-out val split (needs data.val_fraction > 0): evaluate on it
-            every this many steps and at the last step, keep the weights of the best val top-1, and end the run
-            with them (they are what the final evaluation on `eval_split` scores and what model.safetensors holds).
-            The lr schedule still spans `steps` / `epochs`. 0: off.
-        early_stop_patience: With early_stop_every: stop once this many val evaluations in a row brought no new
-            best (0: run to the end, still ending with the best val weights).
+            every this many steps and at the last step, keep the weights of the best judged value
+            (`early_stop_metric`), and end the run with them (they are what the final evaluation on `eval_split`
+            scores and what model.safetensors holds). The lr schedule still spans `steps` / `epochs`. 0: off.
+            The report states the val split's size, the standard error of a top-1 on it and the curve
+            (`vitlab.train.early_stop`).
+        early_stop_metric: What early stopping judges: "loss" (the val loss, default: steady) or "top1" (the val
+            top-1, which must then be smoothed: a one-evaluation spike of a raw top-1 is noise, not a best).
+        early_stop_smoothing: "none", "ema" or "window" (the mean of the last `early_stop_smooth_evals`
+            evaluations); "none" only with the loss.
+        early_stop_smooth_evals: The window's length (or the EMA's span) in evaluations.
+        early_stop_patience_epochs: Stop once this many epochs of training brought no new best (epochs, not
+            evaluations: evaluating more often does not stop a run sooner); 0: run to the end, still ending with
+            the best weights. (It replaces `early_stop_patience`, which counted evaluations.)
         evaluators: Extra evaluations run during training, each a mapping with a `kind` (see `EVALUATORS`), e.g.
             `[{kind: fewshot, every: 500, shots: [5]}]`: the paper's few-shot linear probe (Sec. 4.1). Their
             numbers go to metrics.jsonl (split: the evaluator's name), TensorBoard and the report.
@@ -237,7 +247,10 @@ class TrainSection:
     time_budget_min: float | None = None
     resize_schedule: list[list[float]] | None = None
     early_stop_every: int = 0
-    early_stop_patience: int = 0
+    early_stop_metric: str = "loss"
+    early_stop_smoothing: str = "none"
+    early_stop_smooth_evals: int = 3
+    early_stop_patience_epochs: float = 0.0
     evaluators: list[Any] = field(default_factory=list)
     linear_probe: bool = False
 
@@ -254,11 +267,18 @@ class TrainSection:
         if self.batch_size % self.accum_steps:
             raise ValueError(f"train.batch_size {self.batch_size} is not divisible by train.accum_steps "
                              f"{self.accum_steps}")
-        for k in ("eval_every", "checkpoint_every", "early_stop_every", "early_stop_patience"):
+        for k in ("eval_every", "checkpoint_every", "early_stop_every"):
             _number("train", k, getattr(self, k), lo=0, integer=True)
-        if self.early_stop_patience and not self.early_stop_every:
-            raise ValueError("train.early_stop_patience needs train.early_stop_every > 0 (how often to evaluate on "
-                             "the val split)")
+        _number("train", "early_stop_patience_epochs", self.early_stop_patience_epochs, lo=0)
+        if self.early_stop_patience_epochs and not self.early_stop_every:
+            raise ValueError("train.early_stop_patience_epochs needs train.early_stop_every > 0 (how often to "
+                             "evaluate on the val split)")
+        _choice("train", "early_stop_metric", self.early_stop_metric, EARLY_STOP_METRICS)
+        _choice("train", "early_stop_smoothing", self.early_stop_smoothing, EARLY_STOP_SMOOTHING)
+        _number("train", "early_stop_smooth_evals", self.early_stop_smooth_evals, lo=1, integer=True)
+        if self.early_stop_metric == "top1" and self.early_stop_smoothing == "none":
+            raise ValueError("train.early_stop_metric: top1 needs train.early_stop_smoothing: ema or window (a raw "
+                             "val top-1 lets a one-evaluation noise spike pass for the best); or judge the loss")
         _number("train", "keep_checkpoints", self.keep_checkpoints, lo=1, integer=True)
         _number("train", "log_every", self.log_every, lo=1, integer=True)
         _number("train", "label_smoothing", self.label_smoothing, lo=0, hi=1)
@@ -470,6 +490,7 @@ class Recipe:
         if not isinstance(d, dict):
             raise ValueError(f"a recipe must be a mapping with sections {list(SECTIONS)}, got {type(d).__name__}")
         check_keys(d, SECTIONS, "recipe", "section")
+        d = _without_retired_keys(d)
         sections: dict[str, Any] = {}
         for name, sec_cls in (("optim", OptimSection), ("schedule", ScheduleSection), ("train", TrainSection),
                               ("init", InitSection), ("distill", DistillSection)):
@@ -503,6 +524,19 @@ class Recipe:
         buf = io.StringIO()
         yaml.safe_dump(self.to_dict(), buf, sort_keys=False)
         return buf.getvalue()
+
+
+def _without_retired_keys(d: dict[str, Any]) -> dict[str, Any]:
+    """`d` without retired keys that are off (0 / null: what every recipe.yaml written before them holds); a retired
+    key that is set is refused with one line naming its replacement."""
+    train = d.get("train")
+    if not isinstance(train, dict) or "early_stop_patience" not in train:
+        return d
+    train = dict(train)
+    if train.pop("early_stop_patience"):
+        raise ValueError("train.early_stop_patience (evaluations) is retired: set train.early_stop_patience_epochs "
+                         "(epochs without a better val loss, or smoothed top-1: train.early_stop_metric)")
+    return {**d, "train": train}
 
 
 def data_config_from_dict(d: dict[str, Any]):

@@ -144,6 +144,32 @@ def plot_curves(rows: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     return out
 
 
+def early_stop_lines(es: dict[str, Any] | None) -> list[str]:
+    """report.md's early-stopping section: the rule, the val split and its standard error, whether and where the run
+    stopped, and the curve (every val evaluation, the chosen best and the stop point marked)."""
+    if not es:
+        return []
+    se = es.get("val_top1_standard_error")
+    se_s = f", one standard error of a top-1 there {100 * se:.2f} points" if se is not None else ""
+    if es.get("stopped_early"):
+        verdict = (f"**stopped early** at step {es['stopped_at']} of {es['total_steps']}: no better {es['rule']} "
+                   f"in {es['patience_epochs']:g} epochs")
+    else:
+        verdict = f"ran to its last step ({es['total_steps']})"
+    best = es.get("best_val_top1")
+    lines = ["", "## Early stopping", "",
+             f"Judged on the {es['rule']} over {es['val_images']:,} held-out val images{se_s}; the run {verdict}, and "
+             f"ends with the weights of step {es['best_step']} (epoch {es['best_epoch']:.2f}"
+             + (f", val top-1 {100 * best:.2f}%" if best is not None else "") + ").", "",
+             "| step | epoch | val loss | val top-1 | judged | |", "|---|---|---|---|---|---|"]
+    for r in es.get("curve", []):
+        mark = ("best" if r["step"] == es["best_step"] else "") + (
+            " stop" if es.get("stopped_early") and r["step"] == es.get("stopped_at") else "")
+        lines.append(f"| {r['step']} | {r['epoch']:.2f} | {r['loss']:.4f} | {100 * r['top1']:.2f}% | "
+                     f"{r['judged']:.4f} | {mark.strip()} |")
+    return lines
+
+
 def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = None) -> Path:
     """report.json, report.md and curves.png in `run_dir`; returns the path of report.md."""
     run_dir = Path(run_dir)
@@ -186,6 +212,7 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
         lines += [f"- {split} top-1: {100 * ev['top1']:.2f}%  top-5: {100 * ev['top5']:.2f}%  "
                   f"loss: {ev['loss']:.4f}  ({ev['num_samples']} images)", "", "| class | accuracy |", "|---|---|"]
         lines += [f"| {c} | {100 * a:.1f}% |" for c, a in ev.get("per_class", {}).items()]
+    lines += early_stop_lines(summary.get("early_stop"))
     lines += ["", f"Weights: {summary.get('model', '-')}", "", "![curves](curves.png)", ""]
     md = run_dir / "report.md"
     write_atomic(md, "\n".join(lines), overwrite=True)

@@ -7,6 +7,7 @@ The loop that drives it is `vitlab.train.loop`; the counters that travel in chec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -43,6 +44,8 @@ from .distributed import (
     optimizer_state_dict,
     wrap_model,
 )
+from .early_stop import EarlyStopper, Rule
+from .early_stop import summary as early_stop_summary
 from .evaluators import ClassificationRunner, Evaluation, build_evaluator, build_evaluator_data
 from .meter import Meter
 from .mixup import BatchMix
@@ -89,9 +92,16 @@ class RunState:
     images_seen: int = 0
     train_time_s: float = 0.0
     evals: list[dict[str, Any]] = field(default_factory=list)
-    best_val_top1: float | None = None  # early stopping: the best val top-1 so far, its step, evaluations since
+    best_val_top1: float | None = None  # early stopping: the val top-1 of the kept weights, their step
     best_step: int = 0
-    evals_since_best: int = 0
+    early_stop: dict[str, Any] = field(default_factory=dict)  # `early_stop.EarlyStopper.state_dict()`
+    stopped_at: int | None = None  # the step early stopping ended the run at
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunState:
+        """From a checkpoint's counters (keys of older versions, e.g. `evals_since_best`, are dropped)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 @dataclass
@@ -116,6 +126,8 @@ class TrainResult(Result):
             "skipped": the first `vitlab.data.workers.MAX_REPORTED` {"path", "reason"}} (main process).
         best_step, best_val_top1: With `train.early_stop_every`: the step whose weights the run ended with and
             their val top-1.
+        early_stop: With `train.early_stop_every`: the rule, the val split's size and a top-1's standard error on
+            it, the curve (every val evaluation), the chosen best and the stop point (`early_stop.summary`).
     """
 
     status: str
@@ -138,6 +150,7 @@ class TrainResult(Result):
     bad_data: dict[str, dict[str, Any]] = field(default_factory=dict)
     best_step: int | None = None
     best_val_top1: float | None = None
+    early_stop: dict[str, Any] | None = None
 
 
 class Run:
@@ -226,7 +239,7 @@ class Run:
         weights_path, weights, saved = resume_point(self.ckpt_dir, info.world_size, info.device)
         model.load_state_dict(weights, strict=True)
         self.resumed_from = str(weights_path)
-        self.state = RunState(**saved["run"])
+        self.state = RunState.from_dict(saved["run"])
         self.best_weights = saved.get("best")
         return saved
 
@@ -288,7 +301,12 @@ class Run:
             split, self.eval_data, self.num_classes, max_samples=tr.eval_max_samples, class_names=self.classes,
             raw=raw, **kw) if main else None)
         self.selection: Evaluation | None = None
+        self.stopper: EarlyStopper | None = None
         if tr.early_stop_every:
+            rule = Rule(tr.early_stop_metric, tr.early_stop_smoothing, tr.early_stop_smooth_evals,
+                        tr.early_stop_patience_epochs)
+            self.stopper = EarlyStopper(rule, tr.batch_size, int(self.stream.epoch_size))
+            self.stopper.load_state_dict(self.state.early_stop)
             self.selection = Evaluation("eval_val", tr.early_stop_every, False, ClassificationRunner(
                 "eval_val", self.val_data, self.num_classes, **kw) if main else None)
         self.evaluators = [self.evaluation, *([self.selection] if self.selection else [])]
@@ -497,7 +515,7 @@ class Run:
                 if e is self.evaluation:
                     state.evals.append(row)
                 if e is self.selection:
-                    stop = self.keep_best(row["top1"], m)
+                    stop = self.keep_best(row, m)
             if e is self.selection:  # every rank learns whether to stop
                 if not all_true(not stop, info):
                     return True
@@ -505,18 +523,23 @@ class Run:
                 barrier(info)
         return False
 
-    def keep_best(self, top1: float, model: nn.Module) -> bool:
-        """Early stopping (main process): keep `model`'s weights if `top1` (its val top-1) is the best so far;
-        whether to stop (`train.early_stop_patience` evaluations in a row without a new best)."""
-        state, patience = self.state, self.tr.early_stop_patience
-        if state.best_val_top1 is None or top1 > state.best_val_top1:
-            state.best_val_top1, state.best_step, state.evals_since_best = top1, state.step, 0
+    def keep_best(self, row: dict[str, Any], model: nn.Module) -> bool:
+        """Early stopping (main process): judge the val evaluation `row` (`early_stop.EarlyStopper`: the val loss,
+        or a smoothed top-1), keep `model`'s weights on a new best; whether to stop (`train.early_stop_patience_epochs`
+        epochs of training without a new best)."""
+        state, stopper = self.state, self.stopper
+        assert stopper is not None
+        d = stopper.update(state.step, loss=row["loss"], top1=row["top1"])
+        if d.new_best:
+            state.best_val_top1, state.best_step = row["top1"], state.step
             self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        else:
-            state.evals_since_best += 1
-        logger.info("step %d: best val top-1 %.2f%% at step %d", state.step, 100 * state.best_val_top1,
+        state.early_stop = stopper.state_dict()
+        if d.stop:
+            state.stopped_at = state.step
+        best = stopper.best_value if stopper.best_value is not None else float("nan")
+        logger.info("step %d: %s %.4f; best %.4f at step %d", state.step, stopper.rule.describe(), d.value, best,
                     state.best_step)
-        return bool(patience) and state.evals_since_best >= patience
+        return d.stop
 
     def restore_best(self) -> None:
         """Early stopping: put the kept (best val) weights into the evaluated model (main process)."""
@@ -560,6 +583,10 @@ class Run:
                           resumed_from=self.resumed_from, world_size=info.world_size, precision=self.precision)
         if self.tr.early_stop_every:
             out.best_step, out.best_val_top1 = s.best_step, s.best_val_top1
+            if self.stopper is not None:
+                val_images = int(getattr(self.val_data, "num_samples", 0) or 0)
+                out.early_stop = early_stop_summary(self.stopper, val_images=val_images, stopped_at=s.stopped_at,
+                                                    total_steps=self.total_steps)
         m = self.eval_model() if status.startswith("completed") else None  # every rank (FSDP gathers)
         if not info.is_main:
             return out
