@@ -73,7 +73,7 @@ def test_every_command_has_help_examples_and_option_help(capsys):
         assert text.startswith(f"usage: {name}")
     # defaults are shown, once
     eval_help = subs["vitlab eval"].format_help()
-    assert "(default: 256)" in eval_help and "(default: auto)" in eval_help and "(default: (default" not in eval_help
+    assert "(default: test)" in eval_help and "(default: auto)" in eval_help and "(default: (default" not in eval_help
 
 
 def test_one_spelling_of_the_shared_options():

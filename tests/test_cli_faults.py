@@ -447,7 +447,7 @@ def test_ctrl_c_twice_during_training_is_130_one_line_and_a_whole_checkpoint(tmp
 PARSES = {
     "models": [], "weights": ["show", "x"], "convert": ["a", "b"], "train": ["r.yaml"], "eval": ["c", "--data", "d"],
     "predict": ["c", "i.png"], "demo": [], "analyze": ["c", "--images", "i.png", "-o", "o"],
-    "fewshot": ["c", "--data", "d"], "bench": [], "export": ["c", "o.onnx"], "reproduce": ["inside"],
+    "fewshot": ["c", "--data", "d"], "bench": [], "export": ["c", "o.onnx"], "reproduce": ["inside"], "serve": ["c"],
 }
 
 
