@@ -84,7 +84,7 @@ def test_predict_decodes_one_batch_ahead_of_its_results_and_forwards_bounded_bat
 def test_predict_checks_every_path_before_classifying_any(tmp_path):
     ckpt = _tiny(tmp_path)
     paths = _images(tmp_path / "img", 3)
-    with pytest.raises(vitlab.data.BadImageError, match="missing.png: no such file"):
+    with pytest.raises(vitlab.data.BadImageError, match=r"missing\.png: no such file"):
         vitlab.predict(ckpt, [*paths, str(tmp_path / "missing.png")], batch_size=1)
     with pytest.raises(ValueError, match="batch_size"):
         vitlab.predict(ckpt, paths, batch_size=0)

@@ -5,8 +5,15 @@ from .batch_augment import resized_crop_batch, sample_crop_boxes
 from .build import build_eval_data, build_train_stream, first_images
 from .config import DataConfig, parse_data_spec
 from .errors import DataError
-from .images import (BadImageError, BadImageWarning, image_batches, load_images, preprocess_of, preprocess_transform,
-                     transforms_for)
+from .images import (
+                     BadImageError,
+                     BadImageWarning,
+                     image_batches,
+                     load_images,
+                     preprocess_of,
+                     preprocess_transform,
+                     transforms_for,
+)
 from .labels import class_names, imagenet_classes
 from .stream import EvalData, TrainStream
 
