@@ -4,14 +4,18 @@
     .venv/bin/python benchmarks/int8.py accuracy [--checkpoint CKPT]    # 10,000 Fashion-MNIST test images
 
 `--modes ... int8-static-fp32attn` adds int8-static with attention kept in fp32 (what int8-static ran before
-attention went bf16 on hosts with native bf16), to see what the bf16 attention buys in the same rounds.
+attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-static-bf16math` with attention in
+bf16 through the flash kernel / written out (`quant.attention_plan` picks one per host class), to see what each buys in
+the same rounds; `openvino-int8-transformer` is OpenVINO int8 with NNCF's `model_type=TRANSFORMER`, and
+`ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
 
 speed: every mode built on the same weights (ViT-B/16 at 224 px, random-init weights perturbed: timing does not
 depend on the values), calibrated on the same images; then interleaved rounds (each round calls every mode once,
-in turn), per batch size. Reported: median seconds, images/s, ratio of each runtime's time to ours in the same round
-(median over rounds; > 1 = ours faster), and the fraction of the int8 matmul peak measured at the start
-(`vitlab.bench.matmul_peak`: torch._int_mm on 2048^3, u8/s8 VNNI GEMMs through oneDNN) that the model's FLOPs
-(`vitlab.models.flops.count_flops`) reach. Then a torch.profiler table of one static-int8 call. Load average before and
+in turn, the order rotated each round, a --pause before each call), per batch size. Reported: median seconds,
+images/s, ratio of each runtime's time to ours in the same round (median over rounds; > 1 = ours faster), and the
+fraction of the int8 matmul peak measured at the start (`vitlab.bench.matmul_peak`: torch._int_mm on 2048^3, u8/s8
+VNNI GEMMs through oneDNN) that the model's FLOPs (`vitlab.models.flops.count_flops`) reach. Then a torch.profiler
+table of one static-int8 call. Load average before and
 after. JSON + text under --out.
 
 accuracy: a trained Fashion-MNIST model (--checkpoint, else one trained here for --train-s seconds by
@@ -44,6 +48,26 @@ from vitlab.utils.io import write_atomic
 
 OURS = "int8-static"
 FP32_ATTENTION = "int8-static-fp32attn"  # int8-static with attention kept in fp32 (quantize_static(attention="fp32"))
+# int8-static with attention as other hosts run it: the flash kernel in bf16 (AMX's choice), written out in bf16
+ATTENTION_VARIANTS = {FP32_ATTENTION: "fp32", "int8-static-bf16flash": "bf16", "int8-static-bf16math": "bf16-math"}
+OV_TRANSFORMER = "openvino-int8-transformer"  # NNCF with model_type=TRANSFORMER (OpenVINO's advice for ViTs)
+
+
+def openvino_transformer(model: torch.nn.Module, calib: torch.Tensor, example: torch.Tensor) -> torch.nn.Module:
+    """OpenVINO int8 quantised by NNCF with `model_type=TRANSFORMER`, f32 inference-precision hint (the peer at
+    its best setting on this class: its default hint measured the same)."""
+    import nncf
+
+    from vitlab.deploy import runtimes
+
+    ov_model = runtimes.openvino_model(copy.deepcopy(model).eval(), example, calib=None)
+    with runtimes._quiet():
+        data = [c.numpy() for c in calib.split(1)]
+        ov_model = nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data),
+                                 model_type=nncf.ModelType.TRANSFORMER)
+    compiled = runtimes.compile_openvino(ov_model)
+    chw = (int(example.shape[1]), int(example.shape[2]), int(example.shape[3]))
+    return runtimes.RuntimeModule(runtimes._ov_runner(compiled), "openvino", "int8", chw, keep=compiled)
 
 
 def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, example: torch.Tensor
@@ -52,8 +76,11 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
     for mode in modes:
         t = time.perf_counter()
         try:
-            if mode == FP32_ATTENTION:  # int8-static as it was before attention went bf16 (the comparison)
-                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib, attention="fp32")[1]
+            if mode in ATTENTION_VARIANTS:  # int8-static with its attention forced one way (the comparison)
+                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib,
+                                                  attention=ATTENTION_VARIANTS[mode])[1]
+            elif mode == OV_TRANSFORMER:
+                out[mode] = openvino_transformer(model, calib, example)
             else:
                 out[mode] = model.eval() if mode == "fp32" else vitlab.optimize(model, mode, calib=calib,
                                                                                  example=example)
@@ -85,10 +112,14 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(2):
                     f(x)
             secs: dict[str, list[float]] = {m: [] for m in fns}
-            for _ in range(args.rounds):
-                for m, f in fns.items():
+            names = list(fns)
+            for r in range(args.rounds):
+                # each round in another order, with a pause before each call: the runtimes' worker threads spin on
+                # after a call (ONNX Runtime's intra-op pool, OpenVINO's TBB arena) and would slow whatever ran next
+                for m in names[r % len(names):] + names[: r % len(names)]:
+                    time.sleep(args.pause)
                     t = time.perf_counter()
-                    f(x)
+                    fns[m](x)
                     secs[m].append(time.perf_counter() - t)
         flops = count_flops(cfg) * b
         rows = {}
@@ -168,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--modes", nargs="+", default=["fp32", "int8", OURS, "openvino-int8", "ort-int8"])
     s.add_argument("--rounds", type=int, default=5)
     s.add_argument("--calib", type=int, default=32, help="calibration images (random here: speed only)")
+    s.add_argument("--pause", type=float, default=0.3,
+                   help="seconds of idle before each timed call (lets other runtimes' spinning threads sleep)")
     a = sub.add_parser("accuracy")
     a.add_argument("--checkpoint")
     a.add_argument("--recipe", help="the checkpoint's recipe: its data section preprocesses the images")

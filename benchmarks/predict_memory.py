@@ -45,21 +45,23 @@ def make_images(root: Path, n: int, size: tuple[int, int] = (320, 240)) -> list[
     for i in range(n):
         d = root / ("a" if i % 2 == 0 else "b")
         d.mkdir(parents=True, exist_ok=True)
-        img = Image.fromarray(base[i % len(base)]).resize((w, h), Image.BILINEAR)
+        img = Image.fromarray(base[i % len(base)]).resize((w, h), Image.Resampling.BILINEAR)
         p = d / f"img{i:05d}.jpg"
         img.save(p, quality=90)
         paths.append(str(p))
     return paths
 
 
-def run_peak(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run `cmd`; its peak RSS (MB, from the kernel's ru_maxrss of that child alone), wall seconds, exit code."""
+def run_peak(cmd: list[str], env: dict[str, str], out: Path) -> dict[str, Any]:
+    """Run `cmd` with its stdout to `out`; its peak RSS (MiB, from the kernel's ru_maxrss of that child alone), wall
+    seconds, exit code."""
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    assert proc.stderr is not None
-    with proc.stderr:
-        err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+    with open(out, "wb") as stdout:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, env=env)
+        assert proc.stderr is not None
+        with proc.stderr:
+            err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
     return {"peak_rss_mb": usage.ru_maxrss / 1024, "wall_s": wall, "rc": proc.returncode,
@@ -100,17 +102,20 @@ def main(argv: list[str] | None = None) -> int:
                         cmd = [sys.executable, "-m", "vitlab.cli", "predict", str(ckpt), *paths, "--json", *args.extra]
                     else:
                         cmd = [sys.executable, "-m", "vitlab.cli", "eval", str(ckpt), "--data", f"imagefolder:{root}",
-                               *args.extra]
+                               "--json", *args.extra]
                     before = loadavg()
                     cache = tmpd / f"cache-{r}-{cmd_name}-{n}"  # an empty autotune cache: what a new user has
                     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VITLAB_CACHE": str(cache)}
-                    res = run_peak(cmd, env)
+                    res = run_peak(cmd, env, tmpd / "stdout.json")
                     row = {"round": r, "command": cmd_name, "images": n, **res, "img_per_s": n / res["wall_s"],
                            "load_before": before, "load_after": loadavg()}
+                    if cmd_name == "eval" and res["rc"] == 0:  # what `--precision auto` chose: it sets the footprint
+                        row["precision"] = json.loads((tmpd / "stdout.json").read_text())["precision"]
                     results.append(row)
-                    print(f"round {r} {cmd_name:<7} {n:>6} images: peak RSS {res['peak_rss_mb']:7.0f} MB  "
+                    print(f"round {r} {cmd_name:<7} {n:>6} images: peak RSS {res['peak_rss_mb']:7.0f} MiB  "
                           f"{res['wall_s']:6.1f} s  {row['img_per_s']:6.1f} img/s (whole process)  "
-                          f"rc {res['rc']}  load {before} -> {row['load_after']}", flush=True)
+                          f"{row.get('precision', '')}  rc {res['rc']}  load {before} -> {row['load_after']}",
+                          flush=True)
                     if res["rc"]:
                         print(res["stderr_tail"], file=sys.stderr)
     for cmd_name in args.commands:

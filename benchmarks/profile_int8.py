@@ -51,21 +51,22 @@ def our_category(name: str) -> str:
 
 
 def ov_category(node_type: str, name: str) -> str:
-    t = node_type.lower()
-    if t in ("fullyconnected", "convolution") or "gemm" in t:
+    t, n = node_type.lower(), name.lower()
+    if t.startswith("fullyconnected") or t == "convolution" or "gemm" in t:
         return "int8 GEMM"
-    if t in ("scaleddotproductattention", "mha", "softmax", "matmul") or "attention" in t:
+    if t in ("scaleddotproductattention", "mha", "softmax", "matmul") or "attention" in t or (
+            t == "subgraph" and ".attn/" in n and "linear" not in n):  # Snippets' fused int8 MHA
         return "attention"
-    if t in ("mvn", "normalizel2") or "layernorm" in t:
+    if t in ("mvn", "normalizel2") or "layer_norm" in n or "layernorm" in n:
         return "LayerNorm"
-    if "gelu" in name.lower():
+    if "gelu" in n:
         return "GELU"
-    if t == "fakequantize":
+    if t == "fakequantize" or "quantize" in n:
         return "quantize/dequantize"
     if t in ("reorder", "transpose", "reshape", "concat", "gather", "convert", "shapeof", "split", "broadcast"):
         return "layout"
     if t in ("eltwise", "subgraph"):
-        return "residual add" if "add" in name.lower() else "other"
+        return "residual add" if "add" in n else "other"
     return "other"
 
 

@@ -39,9 +39,10 @@ def test_runtime_peers_are_checked_timed_and_costed():
     assert set(RUNTIME_PEERS) <= set(rows), out["skipped"]
     assert rows["openvino"]["dtype"] == rows["onnxruntime"]["dtype"] == "fp32"
     assert rows["openvino-int8"]["dtype"] == rows["onnxruntime-int8"]["dtype"] == "int8"
+    assert rows["onnxruntime-int8-dynamic"]["dtype"] == "int8"  # ONNX Runtime's other int8: no calibration
     for name in ("ours", "openvino", "onnxruntime"):  # fp32 runtimes compute our function
         assert rows[name]["agreement"] == 1.0 and rows[name]["max_logit_diff"] < 1e-3, name
-    for name in ("openvino-int8", "onnxruntime-int8", "ours[int8]"):  # int8: a real cost, measured
+    for name in ("openvino-int8", "onnxruntime-int8", "onnxruntime-int8-dynamic", "ours[int8]"):  # a real cost
         assert 0.5 <= rows[name]["agreement"] <= 1.0 and rows[name]["max_logit_diff"] > 1e-4, name
         assert len(rows[name]["seconds"]) == 2
     assert {"openvino/fp32", "onnxruntime/fp32"} <= set(rows["ours"]["ratio_vs"])

@@ -94,6 +94,67 @@ def test_attention_dtype_follows_native_bf16_and_kernel_emulation(monkeypatch):
         quant.attention_dtype("fp16")
 
 
+def test_attention_plan_writes_attention_out_with_avx512_bf16_but_no_amx(monkeypatch):
+    """AMX: the flash kernel in bf16 (AMX tiles); AVX512-BF16 alone (Zen 4): bf16 written out (the flash kernel's
+    bf16 path is no faster than fp32 there, the two bf16 batched GEMMs are); neither: fp32 flash."""
+    from vitlab.deploy import quant
+    from vitlab.perf import cpu
+
+    for var in cpu.EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    amx = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"})
+    zen4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
+    for flags, plan in ((amx, (torch.bfloat16, "flash")), (zen4, (torch.bfloat16, "math")),
+                        (frozenset({"avx2", "avx512f", "avx512_vnni"}), (torch.float32, "flash"))):
+        monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="", f=flags: f)
+        monkeypatch.setattr(cpu, "cpu_has_amx", lambda cpuinfo="", f=flags: "amx_bf16" in f)
+        assert quant.attention_plan("auto") == plan, sorted(flags)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")  # kernels held below bf16: fp32 flash
+    assert quant.attention_plan("auto") == (torch.float32, "flash")
+    assert quant.attention_plan("bf16-math") == (torch.bfloat16, "math")
+    assert quant.attention_plan("bf16") == (torch.bfloat16, "flash")
+
+
+def test_sdpa_math_writes_attention_out_in_bf16_and_only_attention():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from vitlab.deploy.quant import sdpa_math
+
+    model = _tiny()
+    x = torch.randn(4, 3, 32, 32)
+    gm = torch.export.export(model, (x,)).module()
+    assert sdpa_math(gm, torch.bfloat16) == 2  # one per block
+    assert sdpa_math(gm, torch.bfloat16) == 0  # nothing left to write out
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if any(k in name for k in ("addmm", "scaled_dot_product", "bmm", "softmax")):
+                self.seen.append((name, args[1].dtype if "addmm" in name else args[0].dtype))
+            return func(*args, **(kwargs or {}))
+
+    mode = Ops()
+    with torch.no_grad(), mode:
+        out = gm(x)
+    with torch.no_grad():
+        ref = model(x)
+    assert not any("scaled_dot_product" in f for f, _ in mode.seen)
+    assert {d for f, d in mode.seen if "bmm" in f or "softmax" in f} == {torch.bfloat16}, mode.seen
+    assert sum("bmm" in f for f, _ in mode.seen) == 4  # QK^T and AV in each of the two blocks
+    assert {d for f, d in mode.seen if "addmm" in f} == {torch.float32}
+    assert out.dtype == torch.float32
+    assert 0 < _rel_err(out, ref) < 2e-2  # bf16 rounding of q, k, v and the probabilities, no more
+    # an fp32 write-out is the same attention as the fused kernel's
+    gm32 = torch.export.export(model, (x,)).module()
+    assert sdpa_math(gm32, torch.float32) == 2
+    with torch.no_grad():
+        assert _rel_err(gm32(x), ref) < 1e-5
+
+
 def test_sdpa_in_runs_attention_in_bf16_and_only_attention():
     from torch.utils._python_dispatch import TorchDispatchMode
 

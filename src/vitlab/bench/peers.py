@@ -5,7 +5,8 @@ Each builder takes our model and returns the peer's implementation with the same
 where the peer's names differ), so that the benchmark compares implementations, not models. Optional
 dependencies are imported inside each builder: a missing one raises ImportError, which the benchmark reports as a
 skipped peer; a shape the peer cannot express raises ValueError. The runtimes are built by `vitlab.deploy` from
-our model (`build_runtime`): they take fp32 images whatever they compute in.
+our model (`build_runtime`): they take fp32 images whatever they compute in. ONNX Runtime's int8 comes both ways,
+static (QDQ, calibrated) and dynamic (activations quantised per call): which is faster depends on the CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..weights import torchvision as tvw
 RUNTIME_PEERS: dict[str, dict[str, str]] = {
     "onnxruntime": {"fp32": "fp32"},
     "onnxruntime-int8": {"fp32": "int8"},
+    "onnxruntime-int8-dynamic": {"fp32": "int8"},  # no calibration; ONNX Runtime's best int8 on some CPUs
     "openvino": {"fp32": "fp32", "bf16": "bf16"},
     "openvino-int8": {"fp32": "int8"},
 }
@@ -150,6 +152,8 @@ def build_runtime(name: str, model: VisionTransformer, dname: str, threads: int,
     int8 = cdt == "int8"
     if name.startswith("openvino"):
         fn = to_openvino(model, example, int8=int8, calib=calib, precision="fp32" if int8 else cdt, threads=threads)
+    elif name.endswith("-dynamic"):
+        fn = to_onnxruntime(model, example, int8=True, method="dynamic", threads=threads)
     else:
         fn = to_onnxruntime(model, example, int8=int8, calib=calib, threads=threads)
     return fn, cdt

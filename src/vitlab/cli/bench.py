@@ -26,7 +26,8 @@ EXAMPLES = """\
 
 # vitlab.bench.PEERS and DTYPES, spelled out so that --help imports no torch (tests/test_cli.py checks that they
 # agree)
-PEERS = ("timm", "transformers", "torchvision", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8")
+PEERS = ("timm", "transformers", "torchvision", "onnxruntime", "onnxruntime-int8", "onnxruntime-int8-dynamic",
+         "openvino", "openvino-int8")
 DTYPES = ("bf16", "fp32")
 
 

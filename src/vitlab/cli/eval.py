@@ -77,8 +77,10 @@ def format_result(r: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..inference.evaluate import evaluate_checkpoint
+    from ..perf.allocator import bounded_heap
 
     positive("--batch-size", args.batch_size)
+    bounded_heap()  # big blocks mmapped and unmapped when freed: the peak memory is one batch's however many images
     r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
                             precision=args.precision, device=args.device, mode=args.mode, tta=args.tta,
                             eval_resize=args.pp_resize, crop_fraction=args.crop_fraction, normalize=args.normalize,

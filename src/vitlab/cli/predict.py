@@ -35,8 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import iter_predict
+    from ..perf.allocator import bounded_heap
+
     positive("--top-k", args.top_k)
     positive("--batch-size", args.batch_size)
+    bounded_heap()  # big blocks mmapped and unmapped when freed: the peak memory is one batch's however many images
     results = iter_predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode,
                            resize=args.pp_resize, crop_fraction=args.crop_fraction, interpolation=args.interpolation,
                            batch_size=args.batch_size)

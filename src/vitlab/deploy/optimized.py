@@ -38,5 +38,7 @@ class OptimizedModel(nn.Module):
         return super().train(False)
 
     def extra_repr(self) -> str:
-        attention = getattr(self.module, "meta", {}).get("attention_dtype")  # int8-static: what attention ran in
-        return f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}" if attention else "")
+        meta = getattr(self.module, "meta", {})
+        attention = meta.get("attention_dtype")  # int8-static: what attention ran in (and how, when written out)
+        kernel = f" ({meta['attention_kernel']})" if attention and meta.get("attention_kernel") else ""
+        return f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}{kernel}" if attention else "")

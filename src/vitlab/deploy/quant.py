@@ -19,9 +19,13 @@ lowers a quantised `matmul` to dequantise + fp32 `bmm` (no int8 batched GEMM), a
 (`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel (docs/speed.md, "Static int8"). On CPUs with
 native bf16 (AMX, AVX512-BF16) it runs in bf16 instead (`attention="auto"`): q, k, v are cast to bf16 in the
 graph, the flash kernel runs its bf16 path (AMX tiles / VDPBF16PS; it accumulates in fp32) and the output is cast
-back, the casts fused by Inductor into the neighbouring loops. Elsewhere (AVX2, AVX-512 without bf16, or kernels
-held to a lesser ISA by `vitlab.perf.cpu.kernel_emulation`) it stays fp32, where bf16 would be slower. The
-LayerNorms and the residual stream stay fp32.
+back, the casts fused by Inductor into the neighbouring loops. Without AMX (AVX512-BF16 only: Zen 4, Cooper Lake)
+the flash kernel's bf16 path is no faster than its fp32 one at ViT's 197 tokens, so there attention is written out
+instead (`sdpa_math`, `attention="bf16-math"`): QK^T and AV as two bf16 batched GEMMs (oneDNN's AVX512-BF16
+matmul) around one softmax loop that Inductor fuses with the scaling: half the attention time of the flash kernel
+on Zen 4 (docs/speed.md). Elsewhere (AVX2, AVX-512 without bf16, or kernels held to a lesser ISA by
+`vitlab.perf.cpu.kernel_emulation`) it stays fp32, where bf16 would be slower. The LayerNorms and the residual
+stream stay fp32.
 
 Needs torchao (`pip install 'vitlab[quant]'`) and a C++ compiler (Inductor), CPU only.
 """
@@ -37,15 +41,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..perf.cpu import bf16_kernels
+from ..perf.cpu import amx_kernels, bf16_kernels
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
-__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "calibration_tensor", "input_chw", "quantize_static"]
+__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "attention_plan", "calibration_tensor", "input_chw",
+           "quantize_static", "sdpa_in", "sdpa_math"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
-ATTENTION_DTYPES = ("auto", "fp32", "bf16")  # `quantize_static(attention=...)`
+ATTENTION_DTYPES = ("auto", "fp32", "bf16", "bf16-math")  # `quantize_static(attention=...)`
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
@@ -77,11 +82,21 @@ def _torchao() -> tuple[Any, Any]:
 def attention_dtype(attention: str = "auto") -> torch.dtype:
     """The dtype static int8 runs attention in: "auto" is bf16 where bf16 is native here (`bf16_kernels`), else
     fp32."""
+    return attention_plan(attention)[0]
+
+
+def attention_plan(attention: str = "auto") -> tuple[torch.dtype, str]:
+    """(dtype, kernel) of static int8's attention for `quantize_static(attention=...)`: kernel "flash" (the fused
+    `scaled_dot_product_attention`) or "math" (`sdpa_math`). "auto": bf16 flash with AMX tiles, bf16 math with
+    AVX512-BF16 but no AMX, fp32 flash without native bf16 (or with kernels held to a lesser ISA)."""
     if attention not in ATTENTION_DTYPES:
         raise ValueError(f"attention must be one of {ATTENTION_DTYPES}, got {attention!r}")
     if attention == "auto":
-        return torch.bfloat16 if bf16_kernels() else torch.float32
-    return torch.bfloat16 if attention == "bf16" else torch.float32
+        if not bf16_kernels():
+            return torch.float32, "flash"
+        return torch.bfloat16, "flash" if amx_kernels() else "math"
+    return {"fp32": (torch.float32, "flash"), "bf16": (torch.bfloat16, "flash"),
+            "bf16-math": (torch.bfloat16, "math")}[attention]
 
 
 def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
@@ -116,6 +131,47 @@ def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
     return changed
 
 
+def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
+    """Write out every `scaled_dot_product_attention` of an exported graph as softmax(q k^T * scale) v in `dtype`:
+    q, k, v cast to it, two batched matmuls and one softmax (computed in fp32 by Inductor's loop, stored in
+    `dtype`), the output cast back to the dtype it had. Only attention without a mask, dropout, causality or grouped
+    heads is rewritten (ViT's); any other is left as it is. Returns how many were rewritten (in place)."""
+    g = graph_module.graph
+    changed = 0
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        q, k, v, *rest = node.args
+        kw = dict(node.kwargs)
+        plain = (all(r is None or r == d for r, d in zip(rest, (None, 0.0, False), strict=False))
+                 and not kw.get("enable_gqa", False) and set(kw) <= {"scale", "enable_gqa"})
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (q, k, v)]
+        out = node.meta.get("val")
+        qv = vals[0]
+        if not plain or not isinstance(qv, torch.Tensor) or not all(
+                isinstance(t, torch.Tensor) and t.is_floating_point() for t in vals):
+            continue
+        scale = kw.get("scale")
+        scale = float(qv.shape[-1]) ** -0.5 if scale is None else float(scale)
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.float32
+        with g.inserting_before(node):
+            def cast(a: Any, dt: torch.dtype = dtype) -> Any:
+                return g.call_function(torch.ops.aten._to_copy.default, (a,), {"dtype": dt})
+
+            qq = g.call_function(torch.ops.aten.mul.Tensor, (cast(q), scale))
+            kt = g.call_function(torch.ops.aten.transpose.int, (cast(k), -2, -1))
+            scores = g.call_function(torch.ops.aten.matmul.default, (qq, kt))  # (B, heads, N, N)
+            probs = g.call_function(torch.ops.aten._softmax.default, (scores, -1, False))
+            result = cast(g.call_function(torch.ops.aten.matmul.default, (probs, cast(v))), out_dtype)
+        node.replace_all_uses_with(result)
+        g.erase_node(node)
+        changed += 1
+    if changed:
+        g.lint()
+        graph_module.recompile()
+    return changed
+
+
 def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES,
                     attention: str = "auto") -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
@@ -125,8 +181,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         calib: Real calibration images (see `vitlab.deploy.calibration.calibration_tensor`), prepared as for the
             model.
         calib_images: Use at most this many of them.
-        attention: The dtype of attention's QK^T / softmax / AV: "bf16", "fp32", or "auto" (bf16 where the CPU
-            has native bf16 and no kernel emulation is set, else fp32; see the module docstring).
+        attention: How attention's QK^T / softmax / AV run: "fp32" or "bf16" (the flash kernel in that dtype),
+            "bf16-math" (written out in bf16, `sdpa_math`), or "auto" (`attention_plan`: bf16 flash with AMX, bf16
+            math with AVX512-BF16 alone, fp32 without native bf16 or under kernel emulation; see the module
+            docstring).
 
     Returns:
         (the quantised graph module, a function images -> fp32 logits that runs it compiled). The first call for
@@ -144,7 +202,7 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         raise ValueError(f"static int8 quantises an fp32 model; this one is {ref.dtype}")
     if calib_images < 1:
         raise ValueError(f"calib_images must be >= 1, got {calib_images}")
-    attn_dtype = attention_dtype(attention)
+    attn_dtype, attn_kernel = attention_plan(attention)
     images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
     qpt2e, x86 = _torchao()
     model = model.eval()
@@ -159,7 +217,9 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         qmodel = qpt2e.convert_pt2e(prepared)
         pt2e = require("torchao.quantization.pt2e", "quant", "static int8 (PT2E)")
         pt2e.allow_exported_model_train_eval(qmodel)  # .eval() on it (OptimizedModel does) is then allowed
-    sdpa_in(qmodel, attn_dtype)
+    if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
+        qmodel.meta["attention_kernel"] = "math"
+    sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel
     qmodel.meta["attention_dtype"] = str(attn_dtype).removeprefix("torch.")  # what ran, for reports
     compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size
 

@@ -27,6 +27,7 @@ from ..data import image_batches, preprocess_of
 from ..data.labels import class_names
 from ..deploy.optimize import MODES, optimize
 from ..models.preprocess import cli_overrides
+from ..perf.allocator import release_freed_memory
 from ..weights import hub, load_model, read_metadata
 
 __all__ = ["BATCH_SIZE", "iter_predict", "predict"]
@@ -120,6 +121,7 @@ def _results(net: Any, batches: Iterator[torch.Tensor], paths: list[str], classe
         top = probs.topk(min(top_k, probs.shape[1]), dim=1)
         values, indices = top.values.tolist(), top.indices.tolist()
         del probs, top
+        release_freed_memory()  # the batch's freed blocks back to the kernel: the peak stays that of one batch
         for vals, idxs in zip(values, indices, strict=True):
             yield {"image": paths[n], "top": [{"label": classes[i], "index": int(i), "prob": float(p)}
                                               for p, i in zip(vals, idxs, strict=True)]}

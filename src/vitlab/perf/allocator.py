@@ -1,4 +1,5 @@
-"""Keep freed activation memory in the process instead of returning it to the kernel (Linux glibc only).
+"""Keep freed activation memory in the process instead of returning it to the kernel (Linux glibc only), or, for
+inference over many inputs, hand it back between batches (`release_freed_memory`).
 
 A training step allocates and frees the same large activation buffers every step. glibc serves blocks above
 its mmap threshold with fresh `mmap` pages and unmaps them on free, so every step pays page faults and the
@@ -17,6 +18,7 @@ import ctypes.util
 import functools
 import os
 import sys
+from typing import Any
 
 # glibc's mallopt parameter numbers (malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -45,3 +47,55 @@ def keep_freed_memory() -> bool:
     ok = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1 and ok
     ok = mallopt(_M_TOP_PAD, 64 * 1024 * 1024) == 1 and ok
     return ok
+
+
+_INFERENCE_MMAP_THRESHOLD = 256 * 1024
+
+
+@functools.cache
+def bounded_heap() -> bool:
+    """The opposite of `keep_freed_memory`, for a process that runs inference over many inputs (`vitlab predict`,
+    `vitlab eval`): blocks of 256 KiB and more (activations, autocast's bf16 weight copies) get their own `mmap`
+    and go back to the kernel when freed, so the heap cannot fragment around them and the peak resident set stays
+    that of one batch. glibc otherwise raises its mmap threshold to the largest block freed so far and serves later
+    blocks from the heap: ViT-S/16 eval at batch 16 peaked ~95 MiB higher (975 against 882 MiB, 4,000 images). True
+    when applied; a no-op (False) off Linux/glibc or when MALLOC_MMAP_THRESHOLD_ is set (the user's choice wins).
+    Set once per process by the commands, never by library calls."""
+    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt(_M_MMAP_THRESHOLD, _INFERENCE_MMAP_THRESHOLD) == 1
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None (not Linux glibc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return None
+    if trim is not None:
+        trim.argtypes = [ctypes.c_size_t]
+        trim.restype = ctypes.c_int
+    return trim
+
+
+def release_freed_memory() -> bool:
+    """Return the heap's free pages to the kernel now (glibc `malloc_trim(0)`); True when it could. Called between
+    the batches of `vitlab predict` / `vitlab eval`: glibc keeps freed blocks of one batch's activations (bf16
+    autocast's weight copies among them), and the next batch's blocks, which do not always fit the holes, grow the
+    heap, so without it the peak resident set crept up with the number of batches (ViT-S/16 bf16 eval: 928 MiB
+    after 26 batches, 983 MiB after 226; with it 946 MiB from batch 26 on). Costs about a millisecond."""
+    trim = _malloc_trim()
+    return bool(trim is not None and trim(0) is not None)
