@@ -29,7 +29,7 @@ from vitlab.train.optim import build_optimizer
 def side(name: str, precision: str, steps: int):
     """A closure running `steps` steps of recipe `name` in `precision`: (images/s wall, images per CPU-second)."""
     r = load_recipe(recipes.path(name), [f"train.precision={precision}", "init.checkpoint=null"])
-    cfg = r.model.vit_config(num_classes=10)
+    cfg = r.model.model_config(num_classes=10)
     stream = build_train_stream(DataConfig.from_dict(r.data), img_size=cfg.img_size, in_chans=cfg.in_chans,
                                 batch_size=r.train.batch_size, seed=0)
     model = build_model(r, num_classes=10)

@@ -6,7 +6,8 @@
 `--modes ... int8-static-fp32attn` adds int8-static with attention kept in fp32 (what int8-static ran before
 attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-static-bf16math` with attention in
 bf16 through the flash kernel / written out (`quant.attention_plan` picks one per host class), to see what each buys in
-the same rounds; `openvino-int8-transformer` is OpenVINO int8 with NNCF's `model_type=TRANSFORMER`, and
+the same rounds; `openvino-int8` quantises with NNCF's `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since
+2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults, and
 `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
 
 speed: every mode built on the same weights (ViT-B/16 at 224 px, random-init weights perturbed: timing does not
@@ -50,12 +51,12 @@ OURS = "int8-static"
 FP32_ATTENTION = "int8-static-fp32attn"  # int8-static with attention kept in fp32 (quantize_static(attention="fp32"))
 # int8-static with attention as other hosts run it: the flash kernel in bf16 (AMX's choice), written out in bf16
 ATTENTION_VARIANTS = {FP32_ATTENTION: "fp32", "int8-static-bf16flash": "bf16", "int8-static-bf16math": "bf16-math"}
-OV_TRANSFORMER = "openvino-int8-transformer"  # NNCF with model_type=TRANSFORMER (OpenVINO's advice for ViTs)
+OV_NNCF_DEFAULT = "openvino-int8-nncf-default"  # NNCF with its default model type (what openvino-int8 was)
 
 
-def openvino_transformer(model: torch.nn.Module, calib: torch.Tensor, example: torch.Tensor) -> torch.nn.Module:
-    """OpenVINO int8 quantised by NNCF with `model_type=TRANSFORMER`, f32 inference-precision hint (the peer at
-    its best setting on this class: its default hint measured the same)."""
+def openvino_nncf_default(model: torch.nn.Module, calib: torch.Tensor, example: torch.Tensor) -> torch.nn.Module:
+    """OpenVINO int8 quantised by NNCF with its default model type, f32 inference-precision hint (the comparison for
+    `openvino-int8`, which uses `model_type=TRANSFORMER`)."""
     import nncf
 
     from vitlab.deploy import runtimes
@@ -63,8 +64,7 @@ def openvino_transformer(model: torch.nn.Module, calib: torch.Tensor, example: t
     ov_model = runtimes.openvino_model(copy.deepcopy(model).eval(), example, calib=None)
     with runtimes._quiet():
         data = [c.numpy() for c in calib.split(1)]
-        ov_model = nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data),
-                                 model_type=nncf.ModelType.TRANSFORMER)
+        ov_model = nncf.quantize(ov_model, nncf.Dataset(data), subset_size=len(data))
     compiled = runtimes.compile_openvino(ov_model)
     chw = (int(example.shape[1]), int(example.shape[2]), int(example.shape[3]))
     return runtimes.RuntimeModule(runtimes._ov_runner(compiled), "openvino", "int8", chw, keep=compiled)
@@ -79,8 +79,8 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
             if mode in ATTENTION_VARIANTS:  # int8-static with its attention forced one way (the comparison)
                 out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib,
                                                   attention=ATTENTION_VARIANTS[mode])[1]
-            elif mode == OV_TRANSFORMER:
-                out[mode] = openvino_transformer(model, calib, example)
+            elif mode == OV_NNCF_DEFAULT:
+                out[mode] = openvino_nncf_default(model, calib, example)
             else:
                 out[mode] = model.eval() if mode == "fp32" else vitlab.optimize(model, mode, calib=calib,
                                                                                  example=example)

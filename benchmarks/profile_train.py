@@ -44,7 +44,7 @@ def workloads(batch: int | None) -> dict[str, tuple[Recipe, int]]:
 
 
 def profile_step(recipe: Recipe, classes: int, precision: str, reps: int, compiled: bool = False) -> str:
-    cfg = recipe.model.vit_config(num_classes=classes)
+    cfg = recipe.model.model_config(num_classes=classes)
     model = build_model(recipe, num_classes=classes)
     opt = build_optimizer(model, recipe.optim)
     net = torch.compile(model) if compiled else model

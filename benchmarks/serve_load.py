@@ -28,8 +28,6 @@ import datetime
 import io
 import json
 import os
-import platform
-import re
 import signal
 import socket
 import subprocess
@@ -309,12 +307,10 @@ def summarize(records: list[tuple[float, float, int]], duration: float) -> dict:
 
 
 def host_class() -> str:
-    info = Path("/proc/cpuinfo").read_text()
-    model = re.search(r"model name\s*:\s*(.+)", info)
-    flag_line = re.search(r"flags\s*:\s*(.+)", info)
-    flags = set(flag_line.group(1).split()) if flag_line else set()
-    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
-    return f"{model.group(1) if model else platform.processor()}, {os.cpu_count()} cores, {' '.join(isa)}"
+    """The machine, as every vitlab result names it (`vitlab.perf.cpu.machine_summary`)."""
+    from vitlab.perf.cpu import machine_summary
+
+    return machine_summary()["summary"]
 
 
 def load_average() -> str:

@@ -60,7 +60,7 @@ NUM_CLASSES = {"fmnist": 10, "vit_s16": 1000}
 
 def synthetic_batches(recipe, num_classes: int, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`n` fixed random batches of the recipe's input shape (the same on both sides, made from seed 0)."""
-    cfg = recipe.model.vit_config(num_classes=num_classes)
+    cfg = recipe.model.model_config(num_classes=num_classes)
     g = torch.Generator().manual_seed(0)
     b = recipe.train.batch_size
     return [(torch.randn(b, cfg.in_chans, cfg.img_size, cfg.img_size, generator=g),
@@ -75,7 +75,7 @@ def vitlab_side(recipe, steps_per_round: int, preset: str):
     from vitlab.train.tune import train_precision
 
     num_classes = NUM_CLASSES[preset]
-    cfg = recipe.model.vit_config(num_classes=num_classes)
+    cfg = recipe.model.model_config(num_classes=num_classes)
     if preset == "fmnist":
         from vitlab.data import DataConfig, build_train_stream
 
@@ -152,7 +152,7 @@ def timm_side(recipe, steps_per_round: int, num_workers: int, root: str, precisi
     `_timm_loop`) torch.compile'd, not a plain loop any more.
     For the vit_s16 preset the same fixed random batches as vitlab's side instead of a dataset."""
     num_classes = NUM_CLASSES[preset]
-    cfg = recipe.model.vit_config(num_classes=num_classes)
+    cfg = recipe.model.model_config(num_classes=num_classes)
     if preset != "fmnist":
         import itertools
 
@@ -321,7 +321,7 @@ def main() -> None:
     baseline = max(med[label] for label in plain)
     # per-round ratios against the best plain loop of that round: a load spike hits one round of all sides
     per_round = [results[ours_label][i] / max(results[label][i] for label in plain) for i in range(args.rounds)]
-    cfg = recipe.model.vit_config(num_classes=NUM_CLASSES[args.preset])
+    cfg = recipe.model.model_config(num_classes=NUM_CLASSES[args.preset])
     what = Path(args.config).name if args.preset == "fmnist" else "ViT-S/16 preset"
     lines = [
         f"Training throughput, {what}: ViT D={cfg.embed_dim} L={cfg.depth} heads={cfg.num_heads} "

@@ -44,7 +44,8 @@ def trained(tmp_path_factory) -> dict[str, Path]:
                  "inception_crop": False, "hflip": False, "num_workers": 0},
         "optim": {"name": "adamw", "lr": 1e-2},
         "schedule": {"name": "cosine", "warmup_steps": 1},
-        "train": {"batch_size": 6, "steps": 12, "precision": "fp32", "log_every": 1, "eval_batch_size": 12},
+        "train": {"batch_size": 6, "steps": 12, "precision": "fp32", "log_every": 1,
+                  "evaluators": {"eval": {"type": "classification", "batch_size": 12}}},
     })
     result = train(recipe, tmp / "run", progress=False, device="cpu")
     assert result["eval"]["top1"] == 1.0  # else "cat" below would test the training, not the names

@@ -234,8 +234,6 @@ def test_the_library_behind_the_commands_raises_and_returns(tmp_path):
 
     importlib.import_module("vitlab.inference.predict")
     importlib.import_module("vitlab.deploy.optimize")
-    with pytest.warns(DeprecationWarning):
-        importlib.import_module("vitlab.predict")  # the old path of the module
     assert callable(vitlab.predict) and vitlab.predict.__module__ == "vitlab.inference.predict"  # the function
     assert callable(vitlab.optimize) and vitlab.optimize.__module__ == "vitlab.deploy.optimize"
     model = perturb_(vitlab.create_model("ViT-Ti/16", embed_dim=32, depth=1, num_heads=2, mlp_dim=64, img_size=16,

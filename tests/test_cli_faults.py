@@ -28,7 +28,8 @@ from .conftest import perturb_
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs" / "fmnist_scratch.yaml")
 TINY = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "train.epochs=null",
-        "train.time_budget_min=null", "train.eval_max_samples=50", "train.eval_every=0", "train.log_every=1",
+        "train.time_budget_min=null", "train.evaluators.eval.max_samples=50", "train.evaluators.eval.every=0",
+        "train.log_every=1",
         "data.dataset=synthetic"]
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -239,7 +240,7 @@ def test_a_download_onto_a_really_full_disk(tmp_path, monkeypatch):
     import http.server
     import threading
 
-    from vitlab.weights import hub
+    from vitlab.weights import download
 
     for var in ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
@@ -251,8 +252,8 @@ def test_a_download_onto_a_really_full_disk(tmp_path, monkeypatch):
     try:
         with _mounted_tmpfs(tmp_path / "disk", "size=64k") as disk:
             with pytest.raises(vio.OutputError, match=r"cannot write .*big\.bin: no space left on device"):
-                hub.download_url(f"http://127.0.0.1:{server.server_address[1]}/big.bin", disk / "big.bin",
-                                 progress=False, retries=0)
+                download.download_url(f"http://127.0.0.1:{server.server_address[1]}/big.bin", disk / "big.bin",
+                                      progress=False, retries=0)
             assert not (disk / "big.bin").exists()
     finally:
         server.shutdown()
@@ -407,8 +408,8 @@ def test_ctrl_c_twice_during_training_is_130_one_line_and_a_whole_checkpoint(tmp
     from vitlab.train import checkpoint
 
     sets = ["model.embed_dim=192", "model.depth=6", "model.num_heads=3", "model.mlp_dim=768", "train.steps=1000",
-            "train.epochs=null", "train.time_budget_min=null", "train.eval_every=0", "train.checkpoint_every=2",
-            "train.log_every=1", "train.batch_size=16", "data.dataset=synthetic"]
+            "train.epochs=null", "train.time_budget_min=null", "train.evaluators.eval.every=0",
+            "train.checkpoint_every=2", "train.log_every=1", "train.batch_size=16", "data.dataset=synthetic"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     delays = (0.0, 0.15, 0.6)
     with contextlib.ExitStack() as stack:
@@ -439,6 +440,69 @@ def test_ctrl_c_twice_during_training_is_130_one_line_and_a_whole_checkpoint(tmp
             assert steps and steps[0] >= 2, (delay, steps)
             assert checkpoint.load_latest_checkpoint(ckpts).step == steps[-1]  # the newest is whole
             assert _temps(tmp_path / f"run{i}") == []
+
+
+# -- SIGTERM: every command stops as on Ctrl-C ------------------------------------------------------------------
+
+
+def test_sigterm_is_an_interrupt_held_by_a_write(tmp_path):
+    """Under the `vitlab` program's handler SIGTERM raises `Terminated` (a KeyboardInterrupt), once a file being
+    written is whole: the file is in place, no temporary is left, and the handler before is back afterwards."""
+    from vitlab.cli._common import Terminated, terminate_as_interrupt
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def writer(tmp: Path) -> None:
+        tmp.write_bytes(b"new")
+        os.kill(os.getpid(), signal.SIGTERM)  # its Python handler runs here: held until the file is in place
+
+    with pytest.raises(Terminated), terminate_as_interrupt():
+        vio.write_atomic(tmp_path / "a", writer)
+    assert (tmp_path / "a").read_bytes() == b"new" and _temps(tmp_path) == []
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_in_a_command_is_130_and_one_line(monkeypatch, capsys):
+    from vitlab.cli._common import run_command
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert run_command("models", lambda: os.kill(os.getpid(), signal.SIGTERM), program=True) == 130
+    finally:  # run_command(program=True) leaves the handlers of a process about to exit
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    assert capsys.readouterr().err == "vitlab models: interrupted (SIGTERM)\n"
+
+
+@pytest.mark.slow
+def test_sigterm_while_exporting_int8_is_130_one_line_and_leaves_nothing(tmp_path):
+    """The fault of issue 36: `vitlab export ... --int8` killed by SIGTERM while it exports (its staging folder
+    `.m.onnx.XXXXXXXX` is there) exits 130 with one line, and removes that folder; no m.onnx, whole or half."""
+    from vitlab.models.preprocess import Preprocess
+
+    model = perturb_(vitlab.create_model("ViT-Ti/16", depth=1, img_size=32, patch_size=8, num_classes=10), scale=0.3)
+    model.preprocess = Preprocess(img_size=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5), source="test")
+    ckpt = vitlab.save_weights(model, tmp_path / "m.safetensors")
+    images, out = tmp_path / "images", tmp_path / "out"
+    images.mkdir()
+    out.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    argv = [sys.executable, "-m", "vitlab.cli", "-q", "export", ckpt, out / "m.onnx", "--int8", "--calib", images,
+            "--verify-data", images]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".m.onnx.") for p in out.iterdir()):  # the export has begun
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the export never started"
+            time.sleep(0.01)
+        time.sleep(0.5)  # into torch.onnx's export (it takes seconds)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.splitlines() == ["vitlab export: interrupted (SIGTERM)"], err
+    assert list(out.iterdir()) == []
 
 
 # -- every command maps every error the one way ----------------------------------------------------------------

@@ -287,7 +287,8 @@ def test_training_report_json_lists_the_skipped_files(tmp_path):
         "data": {"dataset": "imagefolder", "root": str(root), "test_root": str(root), "inception_crop": False},
         "optim": {"name": "adamw", "lr": 1e-3},
         "schedule": {"name": "cosine", "warmup_steps": 1},
-        "train": {"batch_size": 4, "steps": 2, "precision": "fp32", "log_every": 1, "eval_batch_size": 8},
+        "train": {"batch_size": 4, "steps": 2, "precision": "fp32", "log_every": 1,
+                  "evaluators": {"eval": {"type": "classification", "batch_size": 8}}},
     })
     with pytest.warns(BadImageWarning, match="junk.png"):
         result = train(recipe, tmp_path / "run", progress=False, device="cpu")

@@ -63,8 +63,8 @@ def test_loss_falls_on_synthetic(tmp_path):
         "data": {"dataset": "synthetic", "inception_crop": False},
         "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.05, "clip_grad_norm": 1.0},
         "schedule": {"name": "cosine", "warmup_steps": 2},
-        "train": {"batch_size": 64, "steps": 40, "precision": "fp32", "log_every": 1, "eval_batch_size": 500,
-                  "eval_max_samples": 1000},
+        "train": {"batch_size": 64, "steps": 40, "precision": "fp32", "log_every": 1,
+                  "evaluators": {"eval": {"type": "classification", "batch_size": 500, "max_samples": 1000}}},
     })
     summary = train(r, tmp_path / "run", progress=False, on_step=lambda step, res: losses.append(res.loss))
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5

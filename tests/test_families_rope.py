@@ -24,8 +24,7 @@ import vitlab
 from vitlab.models.config import ViTConfig
 from vitlab.weights import WeightsError
 from vitlab.weights.publish import export
-from vitlab.weights.timm_arch import fields_for
-from vitlab.weights.timm_arch_table import ARCHS
+from vitlab.weights.timm_arch import ARCHS, fields_for
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")

@@ -21,7 +21,7 @@ WRITERS = textwrap.dedent("""
     from vitlab import bench
     from vitlab.utils import io
     from vitlab.train import checkpoint
-    from vitlab.weights import hub, npz, publish
+    from vitlab.weights import download, npz, publish
 
     out = Path(sys.argv[1])
     m = vitlab.create_model("ViT-Ti/16", embed_dim=32, depth=1, num_heads=2, mlp_dim=64, img_size=28,
@@ -33,7 +33,7 @@ WRITERS = textwrap.dedent("""
     checkpoint.save_checkpoint(out / "ckpt", 1, lambda p: vitlab.save_weights(m, p), {"x": torch.ones(1)}, keep=1)
     checkpoint.atomic_write(out / "train-report.json", lambda p: p.write_text("{}"))
     publish.save_pretrained(m, out / "pretrained")
-    hub._copy_atomic(out / "io.bin", out / "copied.bin")
+    download._copy_atomic(out / "io.bin", out / "copied.bin")
     machine = {"cpu": "cpu", "torch_threads": 1, "torch": "x", "loadavg_start": None}
     result = {"machine": machine, "matmul_peak_gflops": {}, "results": [],
               "config": {"model": "m", "vit": {"img_size": 28, "depth": 1, "embed_dim": 32}}}
@@ -45,7 +45,7 @@ WRITERS = textwrap.dedent("""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}/file.bin"
-    hub.download_url(url, out / "dl" / "file.bin", progress=False, retries=0)
+    download.download_url(url, out / "dl" / "file.bin", progress=False, retries=0)
     server.shutdown()
     shutil.rmtree(out / "served")
 

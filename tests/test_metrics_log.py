@@ -59,8 +59,8 @@ def test_resume_after_a_torn_row_loses_no_row(tmp_path, synthetic_data):
         "data": {**synthetic_data, "inception_crop": False},
         "optim": {"name": "adamw", "lr": 1e-3},
         "schedule": {"name": "cosine", "warmup_steps": 1},
-        "train": {"batch_size": 8, "steps": 5, "precision": "fp32", "log_every": 1, "eval_batch_size": 100,
-                  "eval_max_samples": 100},
+        "train": {"batch_size": 8, "steps": 5, "precision": "fp32", "log_every": 1,
+                  "evaluators": {"eval": {"type": "classification", "batch_size": 100, "max_samples": 100}}},
     })
     run = tmp_path / "run"
     part = train(r, run, progress=False, on_step=_InterruptAt(2))
@@ -79,15 +79,16 @@ def test_resume_after_a_torn_row_loses_no_row(tmp_path, synthetic_data):
 # -- the file itself after a resume: each step's row once, in order, as TensorBoard's purge_step keeps its events ----
 
 
-def _tiny(synthetic_data: dict, **train_kw) -> Recipe:
+def _tiny(synthetic_data: dict, eval_every: int = 1, **train_kw) -> Recipe:
     return Recipe.from_dict({
         "model": {"name": "ViT-Ti/16", "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64, "img_size": 28,
                   "patch_size": 7, "in_chans": 1},
         "data": {**synthetic_data, "inception_crop": False},
         "optim": {"name": "adamw", "lr": 1e-3},
         "schedule": {"name": "cosine", "warmup_steps": 1},
-        "train": {"batch_size": 8, "steps": 6, "precision": "fp32", "log_every": 1, "eval_every": 1,
-                  "checkpoint_every": 2, "eval_batch_size": 50, "eval_max_samples": 50, **train_kw},
+        "train": {"batch_size": 8, "steps": 6, "precision": "fp32", "log_every": 1, "checkpoint_every": 2,
+                  "evaluators": {"eval": {"type": "classification", "every": eval_every, "batch_size": 50,
+                                          "max_samples": 50}}, **train_kw},
     })
 
 
@@ -150,7 +151,7 @@ def test_a_run_resumed_at_its_last_step_evaluates_once_more_and_logs_it_once(tmp
 
     r, run = _tiny(synthetic_data, steps=2, eval_every=0), tmp_path / "run"
 
-    def killed(self, status, final_eval):
+    def killed(self, status):
         raise _Crash("killed before the report")
 
     with monkeypatch.context() as m:

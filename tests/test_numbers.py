@@ -23,13 +23,8 @@ from vitlab.data import DataConfig
 from vitlab.models.config import ViTConfig, check_number
 from vitlab.train import NonFiniteError, Recipe, list_checkpoints, train, train_step
 from vitlab.train import run as run_mod
-from vitlab.train.recipe import (
-    FewShotEvaluator,
-    OptimSection,
-    ScheduleSection,
-    TrainSection,
-    load_recipe,
-)
+from vitlab.train.evalconfig import ClassificationEvaluator, EarlyStopEvaluator, FewShotEvaluator
+from vitlab.train.recipe import OptimSection, ScheduleSection, TrainSection, load_recipe
 from vitlab.train.step import StepResult, all_finite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,8 +36,9 @@ NON_FINITE = (float("inf"), float("-inf"), float("nan"))
 def tiny_recipe(optim: dict, **train_kw) -> Recipe:
     return Recipe.from_dict({
         "model": TINY, "data": {"dataset": "synthetic", "inception_crop": False}, "optim": optim,
-        "train": {"batch_size": 16, "steps": 6, "precision": "fp32", "log_every": 1, "eval_batch_size": 250,
-                  "eval_max_samples": 250, **train_kw}})
+        "train": {"batch_size": 16, "steps": 6, "precision": "fp32", "log_every": 1,
+                  "evaluators": {"eval": {"type": "classification", "batch_size": 250, "max_samples": 250}},
+                  **train_kw}})
 
 
 def finite_file(path: Path) -> bool:
@@ -87,7 +83,9 @@ def _number_fields(cls: type) -> list[tuple[str, object]]:
 def _sections() -> list[tuple[str, type, dict]]:
     return [("optim", OptimSection, {}), ("schedule", ScheduleSection, {}),
             ("train", TrainSection, {"steps": None, "epochs": 1.0}),
-            ("train.evaluators[0]", FewShotEvaluator, {}), ("data", DataConfig, {"dataset": "synthetic"}),
+            ("train.evaluators.eval", ClassificationEvaluator, {}),
+            ("train.evaluators.early_stop", EarlyStopEvaluator, {"every": 1}),
+            ("train.evaluators.fewshot", FewShotEvaluator, {}), ("data", DataConfig, {"dataset": "synthetic"}),
             ("ViTConfig", ViTConfig, dict(embed_dim=32, depth=1, num_heads=2, mlp_dim=64, img_size=28,
                                           patch_size=7, hybrid_width=64))]
 
@@ -106,7 +104,7 @@ def test_every_number_field_refuses_inf_and_nan_naming_the_field(where, cls, bas
                 kw["epochs"] = None
             with pytest.raises(ValueError, match=rf"{re.escape(where)}\.{name}(\[0\])? must be"):
                 obj = cls(**kw)  # DataConfig and ViTConfig validate on construction, the recipe sections on demand
-                if cls is FewShotEvaluator:
+                if cls in (ClassificationEvaluator, EarlyStopEvaluator, FewShotEvaluator):
                     obj.validate(where)
                 elif cls not in (DataConfig, ViTConfig):
                     obj.validate()
@@ -243,7 +241,7 @@ def test_a_non_finite_checkpoint_is_never_written(tmp_path, monkeypatch):
 def test_cli_run_that_blows_up_exits_1_with_one_true_line(tmp_path, capsys):
     run = tmp_path / "run"
     sets = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "data.dataset=synthetic",
-            "train.steps=2", "train.epochs=null", "train.time_budget_min=null", "train.eval_max_samples=100",
+            "train.steps=2", "train.epochs=null", "train.time_budget_min=null", "train.evaluators.eval.max_samples=100",
             "train.checkpoint_every=0", "optim.lr=1e30", "optim.weight_decay=1e9", "schedule.warmup_steps=0"]
     rc = main(["train", str(ROOT / "configs/fmnist_scratch.yaml"), "-o", str(run), "--no-progress",
                *[a for s in sets for a in ("--set", s)]])

@@ -68,7 +68,8 @@ def test_wheel_holds_the_package_data(wheel):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    wanted = {"vitlab/py.typed", "vitlab/weights/registry.json", "vitlab/data/imagenet_classes.txt",
+    wanted = {"vitlab/py.typed", "vitlab/weights/registry.json", "vitlab/weights/timm_arch_table.json",
+              "vitlab/data/imagenet_classes.txt",
               *(f"vitlab/configs/{name}.yaml" for name in recipes.names())}
     assert wanted <= names, sorted(wanted - names)
     assert len(recipes.names()) >= 10
@@ -91,61 +92,6 @@ def test_recipes_accessor():
     assert recipes.read("fmnist_pretrain") == p.read_text(encoding="utf-8")
     with pytest.raises(FileNotFoundError, match="fmnist_pretrain"):  # the message lists the recipes there are
         recipes.path("no_such_recipe")
-
-
-# -- the flat layout's module paths, kept for one release ---------------------------------------------------
-
-
-def test_old_module_paths_warn_and_are_the_new_modules(tmp_path):
-    """`import vitlab.model` (every module of the flat layout) warns once, naming the new path, at the importing
-    line, and gives the new module itself: the same object under both names, so a patch through either holds."""
-    script = tmp_path / "old_user.py"
-    script.write_text(
-        "import importlib, sys, warnings\n"
-        "import vitlab\n"
-        "warnings.simplefilter('always')\n"
-        "for old, new in vitlab._MOVED.items():\n"
-        "    with warnings.catch_warnings(record=True) as w:\n"
-        "        warnings.simplefilter('always')\n"
-        "        mod = importlib.import_module(f'vitlab.{old}')\n"
-        "        again = importlib.import_module(f'vitlab.{old}')  # cached: no second warning\n"
-        "    assert mod is again is importlib.import_module(f'vitlab.{new}') is sys.modules[f'vitlab.{old}'], old\n"
-        "    assert mod.__name__ == mod.__spec__.name == f'vitlab.{new}', old  # the module keeps its own name\n"
-        "    assert [(x.category, str(x.message)) for x in w] == [(DeprecationWarning, f'vitlab.{old} is now '\n"
-        "            f'vitlab.{new}; the old path goes in the next release')], (old, w)\n"
-        "import vitlab.model\n"  # line 13: where the warning below must point (a fresh interpreter, nothing cached)
-    )
-    r = _run([sys.executable, script], cwd=tmp_path)
-    assert r.stderr == "", r.stderr  # vitlab.model was imported by the loop already: line 13 warns no more
-    fresh = _run([sys.executable, "-W", "default", "-c", "import vitlab.model"], cwd=tmp_path)
-    assert "<string>:1: DeprecationWarning: vitlab.model is now vitlab.models.vit" in fresh.stderr
-    user = tmp_path / "user.py"
-    user.write_text("from vitlab.config import ViTConfig\nfrom vitlab import hybrid\n")  # import system; getattr
-    r = _run([sys.executable, "-W", "default", user], cwd=tmp_path)
-    assert f"{user}:1: DeprecationWarning: vitlab.config is now vitlab.models.config" in r.stderr
-    assert f"{user}:2: DeprecationWarning: vitlab.hybrid is now vitlab.models.hybrid" in r.stderr
-
-
-def test_old_paths_of_the_functions_optimize_and_predict(monkeypatch):
-    """`vitlab.optimize` / `vitlab.predict` stay the functions after their old module paths are imported; the
-    modules answer from-imports, and a patch through an old path reaches the code that runs."""
-    import importlib
-
-    import vitlab.models.vit
-
-    with pytest.warns(DeprecationWarning, match=r"vitlab\.optimize is now vitlab\.deploy\.optimize"):
-        old = importlib.import_module("vitlab.optimize")
-    assert callable(vitlab.optimize) and vitlab.optimize is old.optimize
-    from vitlab.optimize import MODES  # the module's names, through the old path
-
-    assert "int8" in MODES
-    with pytest.warns(DeprecationWarning):
-        old_model = importlib.import_module("vitlab.model")
-    assert old_model is vitlab.models.vit and old_model.VisionTransformer is vitlab.VisionTransformer
-    monkeypatch.setattr(old_model, "_explicit_is_faster", lambda q: True)
-    assert vitlab.models.vit._explicit_is_faster(None) is True
-    with pytest.warns(DeprecationWarning, match=r"vitlab\.recipes is now vitlab\.train\.recipes"):
-        assert vitlab.recipes is vitlab.train.recipes  # attribute access on the package: the same finder
 
 
 def test_installed_wheel_is_what_runs(installed, tmp_path):

@@ -195,7 +195,8 @@ def _only_shape(kind: str, batch: str) -> str:
 
 def test_training_run_records_the_measured_choice(tuned, tmp_path, synthetic_data, caplog):
     r = Recipe.from_dict({"model": TINY, "data": synthetic_data,
-                          "train": {"batch_size": 8, "steps": 1, "eval_max_samples": 16, "precision": "auto"}})
+                          "train": {"batch_size": 8, "steps": 1, "precision": "auto",
+                                    "evaluators": {"eval": {"type": "classification", "max_samples": 16}}}})
     with caplog.at_level(logging.INFO, logger="vitlab.precision"):
         result = train(r, tmp_path / "run", progress=False)
     assert result.precision == "bf16" and "precision auto -> bf16" in caplog.text

@@ -14,8 +14,10 @@ import vitlab
 from vitlab.cli import main
 from vitlab.data import transforms_for
 from vitlab.data.labels import imagenet_classes
+from vitlab.data.preprocess import named_overrides
 from vitlab.models import preprocess as pp
 from vitlab.models.preprocess import Preprocess, PreprocessWarning
+from vitlab.weights import preprocess_files as files
 from vitlab.weights.checkpoint import read_checkpoint
 
 from .conftest import perturb_
@@ -86,12 +88,12 @@ def test_torchvision_convert_then_predict_equals_torchvision_with_its_transforms
     img = Image.open(photo).convert("RGB")
     with torch.no_grad():
         ref = theirs(weights.transforms()(img)[None]).softmax(-1)[0]
-        wrong = theirs(transforms_for(pp.vit_jax(224))(img)[None]).softmax(-1)[0]  # what predict used to feed
+        wrong = theirs(transforms_for(files.vit_jax(224))(img)[None]).softmax(-1)[0]  # what predict used to feed
     assert (ref - wrong).abs().max() > 1e-3  # the test can tell the two apart
     torch.testing.assert_close(probs, ref, atol=1e-5, rtol=1e-4)
     assert [t["label"] for t in out[:5]] == [weights.meta["categories"][t["index"]] for t in out[:5]]
     model = vitlab.load_model(dst)
-    assert model.preprocess == pp.torchvision_classification(224, 256, "bilinear", model.preprocess.source)
+    assert model.preprocess == files.torchvision_classification(224, 256, "bilinear", model.preprocess.source)
 
 
 def _hf_processors(kind):
@@ -158,7 +160,7 @@ def test_timm_pretrained_cfg_equals_create_transform(tmp_path, photo, tag):
     model = vitlab.load_model(folder, num_heads=3)
     ours = transforms_for(model)(img)
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=0)
-    assert model.preprocess == pp.from_timm_cfg(theirs.pretrained_cfg, model.preprocess.source)
+    assert model.preprocess == files.from_timm_cfg(theirs.pretrained_cfg, model.preprocess.source)
 
 
 def test_vit_jax_npz_is_whole_image_and_minus_one_to_one(tmp_path):
@@ -167,7 +169,7 @@ def test_vit_jax_npz_is_whole_image_and_minus_one_to_one(tmp_path):
     model = perturb_(vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=3))
     vitlab.save_weights(model, tmp_path / "g.npz")
     ckpt = read_checkpoint(tmp_path / "g.npz")
-    assert ckpt.preprocess == pp.vit_jax(32)
+    assert ckpt.preprocess == files.vit_jax(32)
     img = np.zeros((20, 64, 3), np.uint8)
     img[:, 32:] = 255
     x = transforms_for(vitlab.load_model(tmp_path / "g.npz"))(Image.fromarray(img))
@@ -206,14 +208,123 @@ def test_resolver_precedence_and_one_warning():
         explicit = pp.resolve(None, img_size=32, overrides={"mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std},
                               what="x")
     assert explicit.normalize == "imagenet"
-    model.preprocess = pp.vit_jax(32)
+    model.preprocess = files.vit_jax(32)
     assert pp.resolve(model.preprocess, img_size=64).img_size == 64  # the model's size wins over the stored one
-    over = pp.resolve(model.preprocess, img_size=32, overrides=pp.cli_overrides(normalize="imagenet",
-                                                                             crop_fraction=0.5))
+    over = pp.resolve(model.preprocess, img_size=32, overrides=named_overrides(normalize="imagenet",
+                                                                               crop_fraction=0.5))
     assert (over.normalize, over.resize, over.crop_fraction, over.source) == ("imagenet", "center_crop", 0.5,
                                                                               "vit_jax convention")
-    grey = pp.resolve(pp.vit_jax(32), img_size=28, in_chans=1)
+    grey = pp.resolve(files.vit_jax(32), img_size=28, in_chans=1)
     assert grey.channels == "grey" and grey.mean == (0.5,)
+
+
+def test_resolver_averages_rgb_statistics_for_a_one_channel_model():
+    """Overrides are Preprocess fields whatever the model: ImageNet's three means on a greyscale model become their
+    average, as the model's own statistics do; a field that is not one is refused, naming the valid ones."""
+    grey = pp.resolve(files.vit_jax(28), img_size=28, in_chans=1, overrides={"mean": pp.IMAGENET.mean,
+                                                                             "std": pp.IMAGENET.std})
+    assert grey == pp.from_stats("imagenet", 28, 1, source="vit_jax convention")
+    assert grey.normalize == "imagenet"
+    with pytest.raises(ValueError, match=r"unknown preprocess field\(s\) \['colour'\]; valid fields: \['img_size', "):
+        pp.resolve(files.vit_jax(28), overrides={"colour": "rgb"})
+
+
+# -- preprocess=: one argument of the library functions that run a checkpoint on images --------------------------
+
+@pytest.fixture
+def checkpoint_and_tree(tmp_path):
+    """A tiny checkpoint that carries vit_jax preprocessing, and an image folder of 12 non-square images."""
+    model = perturb_(vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=16, num_classes=2))
+    model.preprocess = files.vit_jax(32)
+    ckpt = vitlab.save_weights(model, tmp_path / "m.safetensors", {"classes": ["a", "b"]})
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        (tmp_path / "tree" / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (30, 45, 3), dtype=np.uint8)).save(tmp_path / "tree" / "ab"[i % 2] /
+                                                                                 f"{i}.png")
+    return str(ckpt), f"imagefolder:{tmp_path / 'tree'}", sorted(str(p) for p in (tmp_path / "tree").rglob("*.png"))
+
+
+def _metrics(r):
+    return {k: r[k] for k in ("top1", "top5", "loss", "confusion", "num_samples", "eval_resize", "crop_fraction")}
+
+
+def test_evaluate_checkpoint_preprocess_mapping_equals_the_old_keywords_and_a_preprocess(checkpoint_and_tree):
+    from vitlab.inference.evaluate import evaluate_checkpoint
+
+    ckpt, data, _ = checkpoint_and_tree
+    kw = dict(precision="fp32", device="cpu", batch_size=5)
+    fields = {"resize": "center_crop", "crop_fraction": 0.5, "mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std}
+    new = evaluate_checkpoint(ckpt, data, preprocess=fields, **kw)
+    with pytest.warns(DeprecationWarning, match=r"evaluate_checkpoint\(eval_resize=, crop_fraction=, normalize=\) is "
+                                                r"deprecated: pass preprocess=") as caught:
+        old = evaluate_checkpoint(ckpt, data, eval_resize="center_crop", crop_fraction=0.5, normalize="imagenet",
+                                  **kw)
+    assert caught[0].filename == __file__  # the warning points at the caller's line
+    assert _metrics(old) == _metrics(new) and old.preprocess == new.preprocess
+    assert (new.eval_resize, new.crop_fraction, Preprocess.from_dict(new.preprocess).normalize) == (
+        "center_crop", 0.5, "imagenet")
+    whole = evaluate_checkpoint(ckpt, data, preprocess=Preprocess(32, *pp.IMAGENET, "center_crop", 0.5), **kw)
+    assert _metrics(whole) == _metrics(new)
+    own = evaluate_checkpoint(ckpt, data, **kw)  # the checkpoint's own: [-1, 1], whole image
+    assert (own.eval_resize, own.crop_fraction) == ("resize", None) and own.loss != new.loss
+    assert _metrics(evaluate_checkpoint(ckpt, data, preprocess={"resize": "resize"}, **kw)) == _metrics(own)
+
+
+def test_preprocess_argument_errors(checkpoint_and_tree):
+    from vitlab.analysis import analysis_preprocess, load_checkpoint
+    from vitlab.inference.evaluate import evaluate_checkpoint
+
+    ckpt, data, images = checkpoint_and_tree
+    for call in (lambda p: evaluate_checkpoint(ckpt, data, preprocess=p, device="cpu"),
+                 lambda p: vitlab.predict(ckpt, images, preprocess=p),
+                 lambda p: analysis_preprocess(load_checkpoint(ckpt), ckpt, (32, 32), preprocess=p)):
+        with pytest.raises(ValueError, match=r"unknown preprocess field\(s\) \['resise'\]; valid fields: "
+                                             r"\['img_size', 'mean', 'std', 'resize', 'crop_fraction', "):
+            call({"resise": "center_crop"})
+        with pytest.raises(ValueError, match=r"preprocess\.resize must be one of"):
+            call({"resize": "squash"})
+        with pytest.raises(TypeError, match="preprocess must be a Preprocess, a mapping of its fields or None"):
+            call(["resize"])
+    with pytest.raises(TypeError, match="give preprocess= or the deprecated normalize, not both"):
+        vitlab.predict(ckpt, images, preprocess={"resize": "resize"}, normalize="imagenet")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'resize'"):  # evaluate's was eval_resize
+        evaluate_checkpoint(ckpt, data, resize="center_crop")
+    with pytest.raises(ValueError, match="eval_crop_fraction"):
+        evaluate_checkpoint(ckpt, data, crop_fraction=1.5)
+
+
+def test_predict_and_analysis_take_preprocess_and_the_old_keywords(checkpoint_and_tree):
+    from vitlab.analysis import analysis_preprocess, load_checkpoint
+
+    ckpt, _, images = checkpoint_and_tree
+    fields = {"mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std, "interpolation": "bicubic"}
+    new = vitlab.predict(ckpt, images, 2, fields)
+    with pytest.warns(DeprecationWarning, match=r"predict\(normalize=, interpolation=\) is deprecated"):
+        old = vitlab.predict(ckpt, images, 2, "imagenet", interpolation="bicubic")  # normalize was the 4th argument
+    assert old == new != vitlab.predict(ckpt, images, 2)
+    assert vitlab.predict(ckpt, images, 2, Preprocess(32, *pp.IMAGENET, interpolation="bicubic")) == new
+    model = load_checkpoint(ckpt)
+    pre = analysis_preprocess(model, ckpt, (48, 32), preprocess={"resize": "center_crop", "crop_fraction": 0.5})
+    with pytest.warns(DeprecationWarning, match=r"analysis_preprocess\(crop_fraction=\)"):
+        assert analysis_preprocess(model, ckpt, (48, 32), crop_fraction=0.5) == pre
+    assert pre == files.vit_jax((48, 32)).replace(resize="center_crop", crop_fraction=0.5)
+    assert analysis_preprocess(model, ckpt, (48, 32), preprocess=files.vit_jax(32)).img_size == (48, 32)
+
+
+def test_cli_flags_become_the_preprocess_mapping():
+    from vitlab.cli import build_parser
+    from vitlab.cli._common import preprocess_overrides
+
+    def flags(*argv):
+        return preprocess_overrides(build_parser().parse_args(["eval", "m.safetensors", "--data", "x", *argv]))
+
+    assert flags() == {}
+    assert flags("--crop-fraction", "0.8") == {"crop_fraction": 0.8, "resize": "center_crop"}
+    assert flags("--resize", "resize") == {"resize": "resize", "crop_fraction": 1.0}
+    assert flags("--eval-resize", "center_crop") == {"resize": "center_crop"}
+    assert flags("--normalize", "imagenet", "--interpolation", "nearest") == {
+        "mean": pp.IMAGENET.mean, "std": pp.IMAGENET.std, "interpolation": "nearest"}
 
 
 def test_predict_uses_the_eval_crop(tmp_path, photo, capsys):
@@ -239,7 +350,7 @@ def test_predict_uses_the_eval_crop(tmp_path, photo, capsys):
 
 def test_predict_names_imagenet_classes(tmp_path, photo, capsys):
     model = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, num_classes=1000)
-    model.preprocess = pp.vit_jax(32)
+    model.preprocess = files.vit_jax(32)
     vitlab.save_weights(model, tmp_path / "in1k.safetensors")
     capsys.readouterr()
     assert main(["predict", str(tmp_path / "in1k.safetensors"), str(photo), "--top-k", "3", "--json"]) == 0
@@ -256,7 +367,7 @@ def test_analyze_img_size_on_a_hybrid_checks_pixels_per_token(tmp_path, photo, c
     traceback; the hybrid's token covers 4 * 2 * 1 = 8 pixels."""
     model = vitlab.create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=1, num_classes=3, hybrid_layers=(1, 1),
                                 hybrid_width=32)
-    model.preprocess = pp.vit_jax(32)
+    model.preprocess = files.vit_jax(32)
     vitlab.save_weights(model, tmp_path / "h.safetensors")
     assert main(["analyze", str(tmp_path / "h.safetensors"), "--images", str(photo), "-o", str(tmp_path / "out"),
                  "--img-size", "36"]) == 1

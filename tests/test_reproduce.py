@@ -97,7 +97,8 @@ def test_quick_experiments_end_to_end_and_resume(quick_root):
         assert _recipe(out / "data-scale" / name)["data"]["inception_crop"] is False  # no augmentation
         # early stopping judges the val loss with a patience in epochs; the run's report has the curve
         tr_ = _recipe(out / "data-scale" / name)["train"]
-        assert tr_["early_stop_metric"] == "loss" and tr_["early_stop_patience_epochs"] == s["patience_epochs"]
+        es = tr_["evaluators"]["early_stop"]
+        assert es["type"] == "early_stop" and es["metric"] == "loss" and es["patience_epochs"] == s["patience_epochs"]
         assert rep["early_stop"]["best_step"] == rep["best_step"] and len(rep["early_stop"]["curve"]) == len(vals)
     # the page shows the table's numbers
     html = (out / "data-scale" / "report" / "report.html").read_text()

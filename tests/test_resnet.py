@@ -164,8 +164,9 @@ def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monke
     synthetic.load_synthetic.cache_clear()  # an earlier test may have cached the 10,000-image split
     request.addfinalizer(synthetic.load_synthetic.cache_clear)
     r = Recipe.from_dict({"model": {**SMALL, "num_classes": 10}, "data": synthetic_data,
-                          "train": {"batch_size": 8, "steps": 2, "eval_max_samples": 16, "precision": "fp32"}})
-    assert isinstance(r.model.vit_config(), ResNetConfig)
+                          "train": {"batch_size": 8, "steps": 2, "precision": "fp32",
+                                    "evaluators": {"eval": {"type": "classification", "max_samples": 16}}}})
+    assert isinstance(r.model.model_config(), ResNetConfig)
     result = train(r, tmp_path / "run", progress=False)
     assert result.status.startswith("completed") and result.mfu is not None and result.mfu > 0
     path = tmp_path / "run" / "model.safetensors"
@@ -178,7 +179,8 @@ def test_recipe_trains_saves_loads_and_evaluates(tmp_path, synthetic_data, monke
     # fine-tune from it: a new zero head for another class count
     ft = Recipe.from_dict({"model": {**SMALL, "num_classes": 10}, "data": synthetic_data,
                            "init": {"checkpoint": str(path), "drop_head": True},
-                           "train": {"batch_size": 8, "steps": 1, "eval_max_samples": 8, "precision": "fp32"}})
+                           "train": {"batch_size": 8, "steps": 1, "precision": "fp32",
+                                     "evaluators": {"eval": {"type": "classification", "max_samples": 8}}}})
     assert train(ft, tmp_path / "ft", progress=False).status.startswith("completed")
 
 
@@ -193,7 +195,7 @@ def test_another_class_count_gets_a_zero_head(tmp_path):
 def test_saved_folder_loads_back_with_the_same_logits(tmp_path):
     """save_pretrained of a BiT ResNet (not the defaults: Google's epsilons, 8 groups, 48 px, a preprocessing) loads
     back with vitlab.load_model and vitlab.weights.from_pretrained: the same config, preprocessing and logits."""
-    from vitlab.models.preprocess import torchvision_classification
+    from vitlab.weights.preprocess_files import torchvision_classification
 
     model = perturb_(vitlab.create_model("BiT-R50x1", layers=(1, 2), width=16, groups=8, eps="bit", img_size=48,
                                          num_classes=5)).eval()

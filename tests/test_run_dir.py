@@ -31,8 +31,8 @@ RECIPE = {
     "data": {"dataset": "synthetic", "num_samples": 480, "inception_crop": False},
     "optim": {"name": "adamw", "lr": 1e-3},
     "schedule": {"name": "cosine", "warmup_steps": 1},
-    "train": {"batch_size": 8, "steps": 4, "precision": "fp32", "log_every": 1, "eval_every": 0,
-              "checkpoint_every": 1, "eval_batch_size": 80, "eval_max_samples": 80},
+    "train": {"batch_size": 8, "steps": 4, "precision": "fp32", "log_every": 1, "checkpoint_every": 1,
+              "evaluators": {"eval": {"type": "classification", "every": 0, "batch_size": 80, "max_samples": 80}}},
 }
 
 

@@ -119,7 +119,8 @@ def test_precision_default_is_auto_everywhere(tmp_path, synthetic_data):
     add_arguments(p)
     assert p.parse_args(["m.safetensors", "--data", "fashion_mnist"]).precision == "auto"
     r = Recipe.from_dict({"model": {**TINY, "img_size": 28, "patch_size": 7, "in_chans": 1}, "data": synthetic_data,
-                          "train": {"batch_size": 8, "steps": 1, "eval_max_samples": 16}})
+                          "train": {"batch_size": 8, "steps": 1,
+                                    "evaluators": {"eval": {"type": "classification", "max_samples": 16}}}})
     assert train(r, tmp_path / "run", progress=False).precision == resolve_precision("auto", "cpu")
 
 
@@ -211,8 +212,8 @@ def _tiny(path: str, tmp_path: Path, source: dict) -> Recipe:
     accum = tr.get("accum_steps", 1)
     # bf16 kept for one recipe (it is slow on CPUs without AMX); the rest run in fp32
     precision = "bf16" if Path(path).name == "vit_s16_i1k_plain.yaml" else "fp32"
-    tr.update(batch_size=2 * accum, steps=1, epochs=None, eval_every=0, checkpoint_every=0, eval_batch_size=250,
-              eval_max_samples=500, eval_split="test", compile=False, precision=precision)
+    tr.update(batch_size=2 * accum, steps=1, epochs=None, checkpoint_every=0, compile=False, precision=precision)
+    tr["evaluators"]["eval"].update(every=0, batch_size=250, max_samples=500, split="test")
     if (d.get("init") or {}).get("checkpoint") and model.get("name") != "init.checkpoint":
         # a tiny pre-trained model at a lower resolution, with a pre-logits layer and another head
         # (the recipe's own architecture: a hybrid's stem, pooling and class token; 24 px = a 3x3 grid for a hybrid)

@@ -92,9 +92,9 @@ def test_linear_probe_on_dinov2_features(tmp_path, folder, backbone):
 def test_finetune_builds_the_checkpoints_architecture_with_a_zero_head(tmp_path, folder, backbone):
     theirs, path = backbone
     recipe = _recipe("dinov2_finetune_folder", folder, path, **{
-        "train.steps": 3, "train.batch_size": 6, "train.accum_steps": 1, "train.eval_every": 0,
+        "train.steps": 3, "train.batch_size": 6, "train.accum_steps": 1, "train.evaluators.eval.every": 0,
         "train.checkpoint_every": 0, "schedule.warmup_steps": 1, "model.img_size": 28, "data.val_fraction": 0.0,
-        "train.eval_split": "test", "train.precision": "fp32"})
+        "train.evaluators.eval.split": "test", "train.precision": "fp32"})
     model = build_model(recipe, num_classes=3).eval()
     assert model.cfg.family_options() == vitlab.load_model(path).cfg.family_options() != {}
     assert model.head.weight.shape == (3, 64) and not model.head.weight.any() and not model.head.bias.any()

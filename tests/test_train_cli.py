@@ -1,4 +1,4 @@
-"""`vitlab train / eval / predict / demo` end to end on a tiny model."""
+"""`vitlab train / eval / predict` end to end on a tiny model (`vitlab demo`: tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from vitlab.data.synthetic import SYNTHETIC_CLASSES, load_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SETS = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "train.steps=3",
-             "train.epochs=null", "train.time_budget_min=null", "train.eval_max_samples=500",
-             "train.eval_every=0", "train.checkpoint_every=0", "train.log_every=1"]
+             "train.epochs=null", "train.time_budget_min=null", "train.evaluators.eval.max_samples=500",
+             "train.evaluators.eval.every=0", "train.checkpoint_every=0", "train.log_every=1"]
 CLASSES = list(SYNTHETIC_CLASSES)  # the runs here train on the in-memory synthetic data (any machine)
 
 
@@ -190,69 +190,6 @@ def test_eval_and_predict_run_through_speed_modes(trained, tmp_path, capsys):
     assert [t["prob"] for t in tops["bf16"]] == pytest.approx([t["prob"] for t in tops["fp32"]], abs=0.03)
     with pytest.raises(SystemExit):
         main(["predict", ckpt, *paths, "--mode", "int4"])
-
-
-@pytest.mark.slow
-def test_demo_runs_end_to_end_tiny(tmp_path, capsys):
-    """The whole demo at 2 steps per run on synthetic data: pre-train at the recipe's low resolution, fine-tune at
-    its high one, four transfer runs, the analysis, one self-contained page; with --seeds 2 the two headline
-    comparisons again with each recipe's seed + 1, and their seed spread on the page."""
-    import yaml
-
-    out = tmp_path / "demo"
-    sets = []
-    for s in ["train.steps=2", "train.epochs=null", "train.time_budget_min=null", "train.eval_every=1",
-              "train.eval_max_samples=30", "model.depth=1", "data.dataset=synthetic", "data.num_samples=600",
-              "train.batch_size=32"]:
-        sets += ["--set", s]
-    assert main(["demo", "-o", str(out), "--no-progress", "--seeds", "2", *sets]) == 0
-    printed = capsys.readouterr().out
-    assert f"report: {out / 'report.html'}" in printed
-    summary = json.loads((out / "demo.json").read_text())
-    pre, ft, same = summary["pretrain"], summary["finetune"], summary["same_resolution"]
-    assert pre["steps"] == 2 and ft["steps"] == 2 and same["steps"] == 2
-    from vitlab.models.config import pixels_per_token
-    from vitlab.weights import load_model
-
-    for stage, name in ((pre, "demo_pretrain.yaml"), (ft, "demo_finetune.yaml")):
-        m = yaml.safe_load((ROOT / "configs" / name).read_text())["model"]
-        size, stride = m["img_size"], pixels_per_token(m["patch_size"], m["hybrid_layers"])
-        model = load_model(stage["model"])
-        assert model.cfg.img_size == size and model.cfg.grid_size == (size // stride, size // stride)
-        # a point per step on the subset, then the final model on the whole test split (a sixth of 600 images)
-        assert [p["step"] for p in stage["curve"]] == [1, 2]
-        assert stage["test_images"] == len(load_synthetic("test", 600).labels) == 100
-    assert ft["img_size"] > pre["img_size"] == same["img_size"]  # the control: fine-tuning's recipe, low resolution
-    assert load_model(same["model"]).cfg.img_size == pre["img_size"]
-    assert ft["grid"][0] > pre["grid"][0]  # same patch, longer sequence (paper Sec. 3.2)
-    runs = summary["transfer"]["runs"]
-    assert [r["labels_per_class"] for r in runs] == [10, "all"]
-    assert runs[0]["train_images"] == 10 * len(CLASSES)
-    assert all(r[k]["steps"] == 2 for r in runs for k in ("pretrained", "scratch"))
-    page = (out / "report.html").read_text()
-    assert "<script" not in page and page.count("<img") >= 6 and page.count('src="data:image/png;base64,') == \
-        page.count("<img")  # self-contained: every image inlined
-    for value in (pre["top1"], ft["top1"], same["top1"], runs[0]["pretrained"]["top1"], runs[0]["scratch"]["top1"]):
-        assert f"{100 * value:.2f}%" in page
-    # --seeds 2: each comparison once more with the recipe's seed + 1, from the one pre-training
-    for d, recipe in (("finetune-seed1", "demo_finetune.yaml"), ("same_resolution-seed1", "demo_finetune.yaml"),
-                      ("transfer/pretrained_10-seed1", "demo_transfer.yaml"), ("transfer/scratch_all-seed1",
-                                                                                "demo_transfer.yaml")):
-        seed = yaml.safe_load((ROOT / "configs" / recipe).read_text())["train"]["seed"]
-        assert yaml.safe_load((out / d / "recipe.yaml").read_text())["train"]["seed"] == seed + 1
-    spread = summary["seed_spread"]
-    gains = spread["resolution_gain"]["values"]
-    ft1 = json.loads((out / "finetune-seed1" / "report.json").read_text())["final"]["top1"]
-    same1 = json.loads((out / "same_resolution-seed1" / "report.json").read_text())["final"]["top1"]
-    assert gains == pytest.approx([ft["top1"] - same["top1"], ft1 - same1])  # both on the whole test split
-    assert spread["resolution_gain"]["se"] == pytest.approx(abs(gains[0] - gains[1]) / 2)  # s / sqrt(2), N = 2
-    assert set(spread["transfer"]) == {"10", "all"}
-    assert spread["transfer"]["10"]["values"][0] == pytest.approx(runs[0]["pretrained"]["top1"]
-                                                                  - runs[0]["scratch"]["top1"])
-    assert "Seed spread of the headline differences (2 seeds)" in page
-    assert f"{100 * spread['resolution_gain']['mean']:+.2f} ± {100 * spread['resolution_gain']['se']:.2f}" in page
-    assert "2 seeds: fine-tune minus control" in printed
-    assert main(["demo", "-o", str(out)]) == 1  # never overwrites a demo
 
 
 def test_cli_output_into_a_closed_pipe_stops_quietly():

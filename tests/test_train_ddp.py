@@ -27,10 +27,12 @@ def _recipe(data: dict, accum_steps: int = 1, parallel: str = "ddp") -> Recipe:
         "optim": {"name": "adamw", "lr": 3e-3, "eps": 1e-6, "weight_decay": 0.05, "clip_grad_norm": 0.5},
         "schedule": {"name": "cosine", "warmup_steps": 1},
         "train": {"batch_size": 16, "accum_steps": accum_steps, "steps": STEPS, "precision": "fp32",
-                  "label_smoothing": 0.1, "eval_max_samples": 200, "eval_batch_size": 200, "parallel": parallel,
-                  # the few-shot probe at step 2 and the end: under FSDP its model is gathered from every rank
-                  "evaluators": [{"kind": "fewshot", "every": 2, "shots": [2], "seeds": 1, "train_samples": 100,
-                                  "eval_samples": 100}]},
+                  "label_smoothing": 0.1, "parallel": parallel,
+                  "evaluators": {
+                      "eval": {"type": "classification", "max_samples": 200, "batch_size": 200},
+                      # the few-shot probe at step 2 and the end: under FSDP its model is gathered from every rank
+                      "fewshot": {"type": "fewshot", "every": 2, "shots": [2], "seeds": 1, "train_samples": 100,
+                                  "eval_samples": 100, "batch_size": 200}}},
     })
 
 

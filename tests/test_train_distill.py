@@ -46,8 +46,8 @@ def teacher_path(tmp_path):
 
 
 def _recipe(data: dict, teacher: str | None, **train_kw) -> Recipe:
-    tr = {"batch_size": 16, "steps": 3, "precision": "fp32", "log_every": 1, "eval_max_samples": 64,
-          "label_smoothing": 0.1, **train_kw}
+    tr = {"batch_size": 16, "steps": 3, "precision": "fp32", "log_every": 1, "label_smoothing": 0.1,
+          "evaluators": {"eval": {"type": "classification", "max_samples": 64}}, **train_kw}
     return Recipe.from_dict({"model": STUDENT, "data": data, "optim": {"lr": 1e-3}, "train": tr,
                              "distill": {"teacher": teacher}})
 

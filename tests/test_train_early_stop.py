@@ -1,8 +1,9 @@
-"""Early stopping on the held-out val split (`train.early_stop_*`, `vitlab.train.early_stop`): the rule judges the
-val loss or a smoothed top-1 with a patience in epochs, so that a one-evaluation spike of the val top-1 while the loss
-still falls does not stop a run (issue 37); the run stops after `early_stop_patience_epochs` epochs without a new
-best, ends with the best evaluation's weights (the final evaluation scores them, model.safetensors holds them), says
-so in its report with the curve, and a resumed run keeps the best weights it had found before the interruption.
+"""Early stopping on the held-out val split (an evaluator of `type: early_stop` in `train.evaluators`,
+`vitlab.train.early_stop`): the rule judges the val loss or a smoothed top-1 with a patience in epochs, so that a
+one-evaluation spike of the val top-1 while the loss still falls does not stop a run (issue 37); the run stops after
+`patience_epochs` epochs without a new best, ends with the best evaluation's weights (the final evaluation scores
+them, model.safetensors holds them), says so in its report with the curve, and a resumed run keeps the best weights
+it had found before the interruption.
 The val metrics are scripted, so the tests check the rule and the bookkeeping, not learning."""
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ def _epochs(steps: int) -> float:
     return steps * BATCH / EPOCH
 
 
-def _recipe(**train_kw) -> Recipe:
+def _recipe(**stop_kw) -> Recipe:
     tr = {"batch_size": BATCH, "steps": 8, "precision": "fp32", "log_every": 1, "checkpoint_every": 1,
-          "keep_checkpoints": 10, "eval_batch_size": 100, "eval_max_samples": 100, "early_stop_every": 1,
-          "early_stop_patience_epochs": _epochs(2), **train_kw}
+          "keep_checkpoints": 10, "evaluators": {
+              "eval": {"type": "classification", "batch_size": 100, "max_samples": 100},
+              "early_stop": {"type": "early_stop", "every": 1, "patience_epochs": _epochs(2), "batch_size": 100,
+                             **stop_kw}}}
     return Recipe.from_dict({"model": TINY, "data": {"dataset": "synthetic", "val_fraction": 0.05},
                              "optim": {"name": "adamw", "lr": 3e-3}, "train": tr})
 
@@ -96,7 +99,7 @@ def test_stops_after_patience_and_ends_with_the_best_weights(tmp_path, scripted_
 
 
 def test_without_patience_the_run_goes_to_the_end_with_the_best_weights(tmp_path, scripted_val):
-    result = train(_recipe(early_stop_patience_epochs=0), tmp_path / "run", progress=False)
+    result = train(_recipe(patience_epochs=0), tmp_path / "run", progress=False)
     assert result.step == 8 and result.status == "completed" and result.best_step == 8
     final = load_file(str(tmp_path / "run" / "model.safetensors"))
     assert _same(final, load_file(str(tmp_path / "run" / "checkpoints" / "step_00000008.safetensors")))
@@ -119,21 +122,25 @@ def test_a_resumed_run_keeps_the_best_weights_found_before(tmp_path, scripted_va
 def test_early_stopping_needs_a_val_split():
     with pytest.raises(ValueError, match=r"data\.val_fraction > 0"):
         Recipe.from_dict({"model": TINY, "data": {"dataset": "synthetic"},
-                          "train": {"steps": 2, "early_stop_every": 1}})
-    with pytest.raises(ValueError, match=r"early_stop_patience_epochs needs train\.early_stop_every"):
+                          "train": {"steps": 2, "evaluators": {"stop": {"type": "early_stop", "every": 1}}}})
+    with pytest.raises(ValueError, match=r"train\.evaluators\.stop\.every must be an int >= 1"):
         Recipe.from_dict({"model": TINY, "data": {"dataset": "synthetic", "val_fraction": 0.1},
-                          "train": {"steps": 2, "early_stop_patience_epochs": 3}})
+                          "train": {"steps": 2, "evaluators": {"stop": {"type": "early_stop", "patience_epochs": 3}}}})
+    with pytest.raises(ValueError, match=r"at most one of type early_stop"):
+        Recipe.from_dict({"model": TINY, "data": {"dataset": "synthetic", "val_fraction": 0.1},
+                          "train": {"steps": 2, "evaluators": {"a": {"type": "early_stop", "every": 1},
+                                                               "b": {"type": "early_stop", "every": 2}}}})
 
 
 def test_a_raw_top1_is_refused_and_the_retired_key_names_its_replacement():
     data = {"dataset": "synthetic", "val_fraction": 0.1}
-    with pytest.raises(ValueError, match=r"early_stop_metric: top1 needs train\.early_stop_smoothing: ema or window"):
-        Recipe.from_dict({"model": TINY, "data": data,
-                          "train": {"steps": 2, "early_stop_every": 1, "early_stop_metric": "top1"}})
-    with pytest.raises(ValueError, match=r"^train\.early_stop_patience \(evaluations\) is retired: set "
-                                         r"train\.early_stop_patience_epochs"):
-        Recipe.from_dict({"model": TINY, "data": data,
-                          "train": {"steps": 2, "early_stop_every": 1, "early_stop_patience": 5}})
+    with pytest.raises(ValueError, match=r"early_stop\.metric: top1 needs train\.evaluators\.early_stop\.smoothing: "
+                                         r"ema or window"):
+        Recipe.from_dict({"model": TINY, "data": data, "train": {"steps": 2, "evaluators": {
+            "early_stop": {"type": "early_stop", "every": 1, "metric": "top1"}}}})
+    with pytest.raises(ValueError, match=r"^train\.early_stop_patience is retired: set "
+                                         r"train\.evaluators\.early_stop\.patience_epochs"):
+        Recipe.from_dict({"model": TINY, "data": data, "train": {"steps": 2, "early_stop_patience": 5}})
     # a recipe.yaml written before the change holds `early_stop_patience: 0`: it still loads, unchanged
     old = Recipe.from_dict({"model": TINY, "data": data, "train": {"steps": 2, "early_stop_patience": 0}})
     assert old.to_dict() == Recipe.from_dict({"model": TINY, "data": data, "train": {"steps": 2}}).to_dict()
@@ -185,7 +192,7 @@ def test_patience_counts_epochs_not_evaluations():
 
 def test_a_run_with_a_top1_spike_and_a_falling_loss_trains_to_its_end(tmp_path, scripted_val):
     scripted_val["top1"], scripted_val["loss"] = SPIKE_TOP1, FALLING_LOSS
-    result = train(_recipe(early_stop_patience_epochs=_epochs(3)), tmp_path / "run", progress=False)
+    result = train(_recipe(patience_epochs=_epochs(3)), tmp_path / "run", progress=False)
     assert result.status == "completed" and result.step == 8 and result.best_step == 8
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert not report["early_stop"]["stopped_early"] and report["early_stop"]["best_step"] == 8

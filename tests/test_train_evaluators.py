@@ -1,34 +1,39 @@
 """What the training log reports beyond the loss: images/s, MFU and ETA on every training row, and the recipe's
-evaluators (the paper's few-shot linear probe, Sec. 4.1) run at their declared steps with their numbers in
-metrics.jsonl, the report and the typed result."""
+evaluators (`train.evaluators`, big_vision's `config.evals`: name -> {type, every, ...}; the paper's few-shot linear
+probe, Sec. 4.1) run at their declared steps with their numbers in metrics.jsonl, the report and the typed result;
+the evaluation keys they replaced are refused with one line naming the new key."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
+import yaml
 
 from vitlab.inference.evaluate import EvalResult
-from vitlab.train import Recipe, TrainResult, train
+from vitlab.train import Recipe, TrainResult, load_recipe, train
+from vitlab.train.evalconfig import RETIRED, ClassificationEvaluator, EarlyStopEvaluator, FewShotEvaluator
 from vitlab.train.meter import peak_flops
-from vitlab.train.recipe import FewShotEvaluator
 from vitlab.train.report import read_metrics
+from vitlab.train.rundir import read_run_recipe
 
 TINY = {"name": "ViT-Ti/16", "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64, "img_size": 28,
         "patch_size": 7, "in_chans": 1}
-FEWSHOT = {"kind": "fewshot", "every": 2, "shots": [1, 3], "seeds": 2, "train_samples": 200, "eval_samples": 100}
+FEWSHOT = {"type": "fewshot", "every": 2, "shots": [1, 3], "seeds": 2, "train_samples": 200, "eval_samples": 100}
+EVAL = {"type": "classification", "max_samples": 100}
 
 
-def _recipe(data: dict, **train_kw) -> Recipe:
-    tr = {"batch_size": 16, "steps": 5, "precision": "fp32", "log_every": 1, "eval_max_samples": 100,
-          "deterministic": True, **train_kw}
+def _recipe(data: dict, fewshot: bool = False, **train_kw) -> Recipe:
+    tr = {"batch_size": 16, "steps": 5, "precision": "fp32", "log_every": 1, "deterministic": True,
+          "evaluators": {"eval": EVAL, **({"fewshot": FEWSHOT} if fewshot else {})}, **train_kw}
     return Recipe.from_dict({"model": TINY, "data": data, "optim": {"lr": 1e-3}, "train": tr})
 
 
 def test_fewshot_evaluator_runs_at_declared_steps_and_lands_in_metrics(tmp_path, synthetic_data):
     losses: list[float] = []
-    result = train(_recipe(synthetic_data, evaluators=[FEWSHOT]), tmp_path / "run", progress=False,
+    result = train(_recipe(synthetic_data, fewshot=True), tmp_path / "run", progress=False,
                    on_step=lambda step, r: losses.append(r.loss))
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     fewshot = [r for r in rows if r["split"] == "fewshot"]
@@ -72,29 +77,95 @@ def test_peak_flops_is_measured_once_per_process():
     assert peak_flops("cpu", "fp32") == first and peak_flops.cache_info().hits == hits + 1
 
 
-@pytest.mark.parametrize(("spec", "words"), [
-    ({"kind": "linear"}, "unknown evaluator kind 'linear'"),
-    ({"every": 2}, "unknown evaluator kind None"),
-    ({"kind": "fewshot", "shot": [5]}, "['shot']"),
-    ({"kind": "fewshot", "shots": []}, "train.evaluators[0].shots must be a non-empty list"),
-    ({"kind": "fewshot", "shots": [0]}, "train.evaluators[0].shots must be >= 1"),
-    ({"kind": "fewshot", "every": -1}, "train.evaluators[0].every must be >= 0"),
-    ({"kind": "fewshot", "eval_split": "train"}, "train.evaluators[0].eval_split must be one of"),
-    ({"kind": "fewshot", "name": "train"}, "train.evaluators[0].name must be"),
+@pytest.mark.parametrize(("name", "spec", "words"), [
+    ("probe", {"type": "linear"}, "unknown evaluator type 'linear'"),
+    ("probe", {"every": 2}, "unknown evaluator type None"),
+    ("probe", {"kind": "fewshot"}, "unknown evaluator type None (`kind` is now `type`)"),
+    ("probe", {"type": "fewshot", "shot": [5]}, "['shot']"),
+    ("probe", {"type": "fewshot", "shots": []}, "train.evaluators.probe.shots must be a non-empty list"),
+    ("probe", {"type": "fewshot", "shots": [0]}, "train.evaluators.probe.shots must be >= 1"),
+    ("probe", {"type": "fewshot", "every": -1}, "train.evaluators.probe.every must be >= 0"),
+    ("probe", {"type": "fewshot", "eval_split": "train"}, "train.evaluators.probe.eval_split must be one of"),
+    ("eval_probe", {"type": "fewshot"}, "train.evaluators.eval_probe: a fewshot evaluator's name"),
+    ("eval", {"type": "classification", "split": "train"}, "train.evaluators.eval.split must be one of"),
+    ("eval", {"type": "classification", "max_samples": 0}, "train.evaluators.eval.max_samples must be >= 1"),
+    ("stop", {"type": "early_stop"}, "train.evaluators.stop.every must be an int >= 1"),
+    ("stop", {"type": "early_stop", "every": 1, "metric": "top5"}, "train.evaluators.stop.metric must be one of"),
 ])
-def test_bad_evaluators_are_named(spec, words):
+def test_bad_evaluators_are_named(name, spec, words):
     with pytest.raises(ValueError) as e:
-        Recipe.from_dict({"train": {"steps": 1, "evaluators": [spec]}})
-    assert words in str(e.value) and "train.evaluators[0]" in str(e.value)
+        Recipe.from_dict({"train": {"steps": 1, "evaluators": {name: spec}}})
+    assert words in str(e.value) and f"train.evaluators.{name}" in str(e.value)
 
 
-def test_evaluators_validate_round_trip_and_need_unique_names():
-    r = Recipe.from_dict({"train": {"steps": 1, "evaluators": [{"kind": "fewshot", "every": 100}]}})
-    (ev,) = r.train.evaluators
-    assert isinstance(ev, FewShotEvaluator) and ev.every == 100 and ev.shots == [5]
+def test_evaluators_validate_round_trip_order_and_default():
+    r = Recipe.from_dict({"data": {"val_fraction": 0.1}, "train": {"steps": 1, "evaluators": {
+        "fewshot": {"type": "fewshot", "every": 100}, "stop": {"type": "early_stop", "every": 5},
+        "test": {"type": "classification", "every": 50}}}})
+    # in the order they run at a step: the classification one, early stopping, then the others as declared
+    assert list(r.train.evaluators) == ["test", "stop", "fewshot"]
+    fs = r.train.evaluators["fewshot"]
+    assert isinstance(fs, FewShotEvaluator) and fs.every == 100 and fs.shots == [5]
+    assert r.train.evaluation == ClassificationEvaluator(every=50) and r.train.evaluation.row_split == "eval_test"
+    assert r.train.early_stopping == EarlyStopEvaluator(every=5)
     assert Recipe.from_dict(r.to_dict()).train.evaluators == r.train.evaluators  # recipe.yaml reads back
-    with pytest.raises(ValueError, match="names must be unique"):
-        Recipe.from_dict({"train": {"steps": 1, "evaluators": [{"kind": "fewshot"}, {"kind": "fewshot"}]}})
+    assert r.to_dict()["train"]["evaluators"]["fewshot"]["type"] == "fewshot"  # the name is the key, not a field
+    # none declared: the run's classification evaluator, `eval`, on the test split at the end
+    plain = Recipe.from_dict({"train": {"steps": 1}})
+    assert plain.train.evaluators == {"eval": ClassificationEvaluator()} and plain.train.early_stopping is None
+    with pytest.raises(ValueError, match=r"at most one of type classification, got \['a', 'b'\]"):
+        Recipe.from_dict({"train": {"steps": 1, "evaluators": {"a": {"type": "classification"},
+                                                               "b": {"type": "classification"}}}})
+    with pytest.raises(ValueError, match=r"^train\.evaluators is a mapping of name -> settings now, not a list"):
+        Recipe.from_dict({"train": {"steps": 1, "evaluators": [{"kind": "fewshot", "every": 100}]}})
+    assert Recipe.from_dict({"train": {"steps": 1, "evaluators": []}}).train.evaluators == plain.train.evaluators
+
+
+@pytest.mark.parametrize(("old", "value", "new"), [
+    ("eval_every", 100, "train.evaluators.eval.every (type: classification)"),
+    ("eval_split", "val", "train.evaluators.eval.split"),
+    ("eval_max_samples", 500, "train.evaluators.eval.max_samples"),
+    ("eval_batch_size", 250, "the batch_size of each of train.evaluators"),
+    ("early_stop_every", 10, "train.evaluators.early_stop.every (type: early_stop)"),
+    ("early_stop_metric", "top1", "train.evaluators.early_stop.metric"),
+    ("early_stop_smoothing", "ema", "train.evaluators.early_stop.smoothing"),
+    ("early_stop_smooth_evals", 5, "train.evaluators.early_stop.smooth_evals"),
+    ("early_stop_patience_epochs", 2.0, "train.evaluators.early_stop.patience_epochs"),
+])
+def test_the_old_evaluation_keys_are_refused_with_one_line_naming_the_new_key(tmp_path, old, value, new):
+    data = {"dataset": "synthetic", "val_fraction": 0.1}
+    with pytest.raises(ValueError, match=rf"^train\.{old} is retired: set {re.escape(new)}") as e:
+        Recipe.from_dict({"data": data, "train": {"steps": 1, old: value}})
+    assert "\n" not in str(e.value)
+    path = tmp_path / "old.yaml"  # from a file: one line too, naming the file
+    path.write_text(f"train:\n  steps: 1\n  {old}: {value}\n")
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}: train\.{old} is retired: set ") as e:
+        load_recipe(path, check_data=False)
+    assert "\n" not in str(e.value)
+    # beside a train.evaluators mapping (a --set on a recipe of the new form), even its old default is refused
+    off = RETIRED[old][0]
+    with pytest.raises(ValueError, match=rf"^train\.{old} is retired"):
+        Recipe.from_dict({"train": {"steps": 1, old: off, "evaluators": {"eval": {"type": "classification"}}}})
+    # a recipe.yaml written before the change holds every one at its default: it still loads, meaning the same
+    assert Recipe.from_dict({"train": {"steps": 1, old: off, "evaluators": []}}).to_dict() == \
+        Recipe.from_dict({"train": {"steps": 1}}).to_dict()
+
+
+def test_a_run_recorded_in_the_old_form_reads_back_in_the_new_form(tmp_path):
+    """A run's recipe.yaml written before `train.evaluators` took the evaluation keys (what --resume compares with):
+    the same evaluations in the new form (`evalconfig.upgrade`)."""
+    old = {"data": {"dataset": "synthetic", "val_fraction": 0.1}, "train": {
+        "steps": 10, "eval_every": 5, "eval_split": "val", "eval_batch_size": 50, "eval_max_samples": None,
+        "early_stop_every": 2, "early_stop_metric": "top1", "early_stop_smoothing": "ema", "early_stop_smooth_evals": 4,
+        "early_stop_patience_epochs": 1.5, "early_stop_patience": 0,
+        "evaluators": [{"kind": "fewshot", "name": "fewshot", "every": 5, "batch_size": None}]}}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(old))
+    r = read_run_recipe(tmp_path / "recipe.yaml")
+    assert r.train.evaluators == {
+        "eval": ClassificationEvaluator(every=5, split="val", batch_size=50),
+        "early_stop": EarlyStopEvaluator(every=2, metric="top1", smoothing="ema", smooth_evals=4, patience_epochs=1.5,
+                                         batch_size=50),
+        "fewshot": FewShotEvaluator(every=5, batch_size=50)}
 
 
 def test_evaluators_may_be_added_when_resuming(tmp_path, synthetic_data):
@@ -109,7 +180,7 @@ def test_evaluators_may_be_added_when_resuming(tmp_path, synthetic_data):
 
     part = train(_recipe(synthetic_data), tmp_path / "run", progress=False, on_step=stop_after_2)
     assert part.status == "interrupted (SIGTERM)" and part.step == 2 and part.model is None and part.eval is None
-    done = train(_recipe(synthetic_data, evaluators=[FEWSHOT]), tmp_path / "run", resume=True, progress=False)
+    done = train(_recipe(synthetic_data, fewshot=True), tmp_path / "run", resume=True, progress=False)
     assert done.status == "completed" and done.resumed_from is not None
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows if r["split"] == "fewshot"] == [4, 5]

@@ -24,8 +24,9 @@ def _recipe(data: dict, schedule, model: dict | None = None, steps: int = 8) -> 
         "data": data,
         "optim": {"name": "adamw", "lr": 1e-3},
         "schedule": {"name": "cosine", "warmup_steps": 1},
-        "train": {"batch_size": 4, "steps": steps, "precision": "fp32", "log_every": 1, "eval_batch_size": 50,
-                  "eval_max_samples": 50, "resize_schedule": schedule},
+        "train": {"batch_size": 4, "steps": steps, "precision": "fp32", "log_every": 1,
+                  "evaluators": {"eval": {"type": "classification", "batch_size": 50, "max_samples": 50}},
+                  "resize_schedule": schedule},
     })
 
 

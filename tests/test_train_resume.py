@@ -23,8 +23,8 @@ TINY = {"name": "ViT-Ti/16", "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_d
 
 
 def recipe(data: dict, model: dict | None = None, **train_kw) -> Recipe:
-    tr = {"batch_size": 16, "steps": 8, "precision": "fp32", "log_every": 1, "eval_batch_size": 250,
-          "eval_max_samples": 250, **train_kw}
+    tr = {"batch_size": 16, "steps": 8, "precision": "fp32", "log_every": 1,
+          "evaluators": {"eval": {"type": "classification", "batch_size": 250, "max_samples": 250}}, **train_kw}
     return Recipe.from_dict({
         "model": {**TINY, **(model or {})},
         "data": {**data, "inception_crop": False},
@@ -232,7 +232,8 @@ def test_state_file_loads_with_weights_only(tmp_path, synthetic_data):
 def test_loss_falls_on_fashion_mnist(tmp_path, fmnist_root):
     r = recipe({"dataset": "fashion_mnist", "root": fmnist_root},
                model={"embed_dim": 64, "num_heads": 2, "mlp_dim": 128, "depth": 2},
-               steps=60, batch_size=64, eval_max_samples=2000, eval_batch_size=500)
+               steps=60, batch_size=64,
+               evaluators={"eval": {"type": "classification", "max_samples": 2000, "batch_size": 500}})
     rec = Recorder()
     summary = train(r, tmp_path / "run", progress=False, on_step=rec)
     first, last = sum(rec.losses[:5]) / 5, sum(rec.losses[-5:]) / 5

@@ -52,7 +52,7 @@ def test_convert_to_other_libraries(tmp_path, capsys):
     from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
     from transformers import ViTForImageClassification
 
-    from vitlab.models.preprocess import torchvision_classification
+    from vitlab.weights.preprocess_files import torchvision_classification
 
     model = perturb_(vitlab.create_model("ViT-Ti/16", embed_dim=64, depth=2, num_heads=4, mlp_dim=128, img_size=32,
                                          patch_size=8, num_classes=3)).eval()

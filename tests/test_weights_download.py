@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import vitlab
-from vitlab.weights import WeightsError, hub
+from vitlab.weights import WeightsError, download, hub
 
 from .conftest import perturb_
 
@@ -152,7 +152,7 @@ def _env(monkeypatch, tmp_path):
     for var in ("VITLAB_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(hub, "BACKOFF", 0.0)
+    monkeypatch.setattr(download, "BACKOFF", 0.0)
 
 
 def cache_files(tmp_path: Path) -> list[str]:
@@ -177,12 +177,12 @@ def test_dropped_connection_is_resumed_by_the_next_call_with_range(tmp_path):
     with FileServer({"/w.bin": data}) as srv:
         srv.drop_once.add("/w.bin")
         url = srv.url("/w.bin")
-        dest = hub.url_cache_path(url)
+        dest = download.url_cache_path(url)
         with pytest.raises(WeightsError, match=r"after 1 tries.*kept and the next call resumes it"):
-            hub.download_url(url, dest, sha256=sha(data), retries=0)
+            download.download_url(url, dest, sha256=sha(data), retries=0)
         part = dest.with_name("w.bin.part")
         assert not dest.exists() and part.stat().st_size == len(data) // 2
-        assert hub.download_url(url, dest, sha256=sha(data), retries=0).read_bytes() == data
+        assert download.download_url(url, dest, sha256=sha(data), retries=0).read_bytes() == data
         assert srv.gets("/w.bin") == [None, f"bytes={len(data) // 2}-"]
         assert not part.exists()
 
@@ -213,7 +213,7 @@ def test_a_file_changed_on_the_server_is_not_appended_to_the_old_part(tmp_path):
         srv.drop_once.add("/w.bin")
         url = srv.url("/w.bin")  # no checksum: only the ETag tells that the file changed
         with pytest.raises(WeightsError):
-            hub.download_url(url, hub.url_cache_path(url), retries=0)
+            download.download_url(url, download.url_cache_path(url), retries=0)
         srv.files["/w.bin"], srv.etags["/w.bin"] = new, '"v2"'
         assert hub.resolve(url).path.read_bytes() == new
         assert srv.gets("/w.bin") == [None, f"bytes={len(old) // 2}-"] and srv.if_range == [None, '"v1"']
@@ -224,13 +224,13 @@ def test_a_whole_part_file_is_verified_and_placed(tmp_path):
     data = payload()
     with FileServer({"/w.bin": data}) as srv:
         url = srv.url("/w.bin")
-        part = hub.url_cache_path(url).with_name("w.bin.part")
+        part = download.url_cache_path(url).with_name("w.bin.part")
         part.parent.mkdir(parents=True)
         part.write_bytes(data)  # a run that stopped between the last byte and the rename
         assert hub.resolve(url + f"#sha256={sha(data)}").path.read_bytes() == data
         assert srv.gets("/w.bin") == [f"bytes={len(data)}-"]  # answered 416, nothing sent again
         part.write_bytes(data + b"extra")  # longer than the file: not a prefix, downloaded again
-        hub.url_cache_path(url).unlink()
+        download.url_cache_path(url).unlink()
         assert hub.resolve(url + f"#sha256={sha(data)}").path.read_bytes() == data
 
 
@@ -254,7 +254,7 @@ def test_progress_bar_on_a_terminal_only(tmp_path, monkeypatch):
         for tty, progress in ((True, True), (False, True), (True, False)):
             err = Terminal() if tty else io.StringIO()
             monkeypatch.setattr(sys, "stderr", err)
-            hub.download_url(srv.url("/big.bin"), tmp_path / f"{tty}-{progress}.bin", progress=progress)
+            download.download_url(srv.url("/big.bin"), tmp_path / f"{tty}-{progress}.bin", progress=progress)
             drawn = f"{tty}-{progress}.bin:" in err.getvalue() and "3.00M" in err.getvalue()
             assert drawn == (tty and progress), (tty, progress, err.getvalue())
 
@@ -275,18 +275,18 @@ def test_checksum_prefix_as_torchvision_gives_it(tmp_path):
     data = payload()
     with FileServer({"/vit-x.pth": data}) as srv:
         dest = tmp_path / "out" / "vit-x.pth"
-        assert hub.download_url(srv.url("/vit-x.pth"), dest, sha256=sha(data)[:8].upper()).read_bytes() == data
+        assert download.download_url(srv.url("/vit-x.pth"), dest, sha256=sha(data)[:8].upper()).read_bytes() == data
         with pytest.raises(WeightsError, match=r"checksum mismatch.*expected 00000000\.\.\."):
-            hub.download_url(srv.url("/vit-x.pth"), tmp_path / "other.pth", sha256="00000000")
+            download.download_url(srv.url("/vit-x.pth"), tmp_path / "other.pth", sha256="00000000")
         with pytest.raises(WeightsError, match="not a sha256 hex digest"):
-            hub.download_url(srv.url("/vit-x.pth"), tmp_path / "third.pth", sha256="xyz")
+            download.download_url(srv.url("/vit-x.pth"), tmp_path / "third.pth", sha256="xyz")
 
 
 def test_file_placed_by_hand_is_checked_against_the_checksum(tmp_path):
     data = payload()
     with FileServer({"/w.bin": data}) as srv:
         url = srv.url("/w.bin")
-        dest = hub.url_cache_path(url)
+        dest = download.url_cache_path(url)
         dest.parent.mkdir(parents=True)
         dest.write_bytes(data[:-1] + b"!")
         with pytest.raises(WeightsError, match=r"checksum mismatch.*delete the file"):
@@ -356,20 +356,20 @@ def test_two_downloads_of_one_file_at_once(tmp_path):
 
 
 def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
-    assert hub.cache_root() == tmp_path / "cache"
+    assert download.cache_root() == tmp_path / "cache"
     monkeypatch.delenv("VITLAB_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert hub.cache_root() == tmp_path / "xdg" / "vitlab"
+    assert download.cache_root() == tmp_path / "xdg" / "vitlab"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert hub.cache_root() == tmp_path / "home" / ".cache" / "vitlab"
+    assert download.cache_root() == tmp_path / "home" / ".cache" / "vitlab"
 
 
 def test_gs_names_map_to_the_public_https_endpoint():
     loc, entry = hub.locate("gs://vit_models/imagenet21k/ViT-B_16.npz")
     key = "vit_models/imagenet21k/ViT-B_16.npz"
     assert (loc.kind, loc.url, entry) == ("url", f"https://storage.googleapis.com/{key}", None)
-    assert hub.url_cache_path(loc.url, Path("/c")) == Path("/c/storage.googleapis.com") / key
+    assert download.url_cache_path(loc.url, Path("/c")) == Path("/c/storage.googleapis.com") / key
     with pytest.raises(WeightsError, match="gs://bucket/key"):
         hub.locate("gs://bucket-only")
 
@@ -382,4 +382,4 @@ def test_load_model_from_a_url_gives_the_saved_model(tmp_path):
         loaded = vitlab.load_model(srv.url("/m.safetensors") + f"#sha256={sha(data)[:12]}")
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(loaded(x), ours(x), atol=0, rtol=0)
-    assert os.path.exists(hub.url_cache_path(srv.url("/m.safetensors")))
+    assert os.path.exists(download.url_cache_path(srv.url("/m.safetensors")))

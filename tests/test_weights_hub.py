@@ -16,7 +16,7 @@ import torch
 import vitlab
 from vitlab.cli import main
 from vitlab.models.preprocess import IMAGENET, Preprocess
-from vitlab.weights import WeightsError, hub, read_config, read_metadata
+from vitlab.weights import WeightsError, download, hub, read_config, read_metadata
 from vitlab.weights import registry as shipped_registry
 
 from .conftest import perturb_
@@ -66,7 +66,7 @@ def _env(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
     monkeypatch.setenv("VITLAB_CACHE", str(tmp_path / "vitlab"))
-    monkeypatch.setattr(hub, "BACKOFF", 0.0)
+    monkeypatch.setattr(download, "BACKOFF", 0.0)
     monkeypatch.chdir(tmp_path)  # so that no "owner/repo" folder exists where the name is looked up
     install_registry(monkeypatch)
 
@@ -377,7 +377,7 @@ def test_the_shipped_registry_names_resolve_to_locations(monkeypatch):
     loc, e = hub.locate("vit_b_16.IMAGENET1K_V1")
     file = "download.pytorch.org/models/vit_b_16-c867db91.pth"
     assert (loc.kind, loc.url, loc.sha256) == ("url", f"https://{file}", "c867db91")
-    assert hub.cache_status(loc) == {"path": str(hub.cache_root() / file), "cached": False}
+    assert hub.cache_status(loc) == {"path": str(download.cache_root() / file), "cached": False}
     assert hub.entry_overrides(e)["num_classes"] == 1000
     loc, e = hub.locate("gs://vit_models/imagenet21k/ViT-B_16.npz")
     assert e.name == "gs://vit_models/imagenet21k/ViT-B_16.npz" and e.format == "npz"
@@ -460,7 +460,7 @@ def test_cli_list_and_show(hf_repo, monkeypatch, capsys):
     assert "(cached)" in out and "models--acme--tiny-vit" in out and "99.5 animals top-1 (source: this test)" in out
     assert main(["weights", "show", "gs://b/ViT-X.npz", "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert facts["cache"] == {"path": str(hub.cache_root() / "h" / "ViT-X.npz"), "cached": False}
+    assert facts["cache"] == {"path": str(download.cache_root() / "h" / "ViT-X.npz"), "cached": False}
     # a misspelt name (a Hub id vitlab knows nothing of, not cached): exit 1, one line, the close names
     assert main(["weights", "show", "tiny-tset"]) == 1
     err = capsys.readouterr().err.strip()
@@ -477,7 +477,7 @@ def test_cli_get_and_errors(tmp_path, monkeypatch, capsys):
         install_registry(monkeypatch, [entry(name="y", url=srv.url("/w/ViT-Y.npz"), sha256=sha(data))])
         assert main(["weights", "get", "y"]) == 0
         cached = Path(capsys.readouterr().out.strip())
-        assert cached == hub.url_cache_path(srv.url("/w/ViT-Y.npz")) and cached.read_bytes() == data
+        assert cached == download.url_cache_path(srv.url("/w/ViT-Y.npz")) and cached.read_bytes() == data
         assert main(["weights", "get", "y", "-o", str(tmp_path / "out")]) == 0
         assert capsys.readouterr().out.strip() == str(tmp_path / "out" / "ViT-Y.npz")
         assert (tmp_path / "out" / "ViT-Y.npz").read_bytes() == data

@@ -17,8 +17,9 @@ from transformers import AutoImageProcessor, ViTForImageClassification
 import vitlab
 from vitlab import VisionTransformer
 from vitlab.data import transforms_for
-from vitlab.models.preprocess import IMAGENET, Preprocess, from_hf_processor, torchvision_classification
+from vitlab.models.preprocess import IMAGENET, Preprocess
 from vitlab.weights import WeightsError, export, from_pretrained, push_to_hub, read_metadata, save_pretrained
+from vitlab.weights.preprocess_files import from_hf_processor, torchvision_classification
 from vitlab.weights.publish import timm_args
 
 from .conftest import perturb_

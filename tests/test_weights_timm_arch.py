@@ -19,8 +19,7 @@ import vitlab
 from vitlab.models.config import to_hw
 from vitlab.weights.checkpoint import read_checkpoint
 from vitlab.weights.report import WeightsError
-from vitlab.weights.timm_arch import FIELDS, architectures, fields_for
-from vitlab.weights.timm_arch_table import ARCHS, TIMM_VERSION
+from vitlab.weights.timm_arch import ARCHS, FIELDS, TIMM_VERSION, architectures, fields_for
 
 timm = pytest.importorskip("timm")
 

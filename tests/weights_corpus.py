@@ -16,6 +16,7 @@ import torch
 
 import vitlab
 from vitlab.weights import export, save_weights
+from vitlab.weights.preprocess_files import vit_jax
 
 from .conftest import perturb_
 
@@ -59,7 +60,7 @@ def _timm_legacy(d: Path) -> Path:  # torch < 1.6's format: a bare pickle stream
 
 def _hf_dir(d: Path) -> Path:
     model = tiny_model()
-    model.preprocess = vitlab.models.preprocess.vit_jax(8)  # so the directory has a preprocessor_config.json
+    model.preprocess = vit_jax(8)  # so the directory has a preprocessor_config.json
     path, _ = export(model, d / "hf", "hf")
     return path
 

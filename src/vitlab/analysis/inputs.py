@@ -13,7 +13,7 @@ file or value; none prints or exits.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +22,8 @@ import torch
 
 from .. import data as vdata
 from ..data import parse_data_spec, preprocess_of
+from ..data.preprocess import data_overrides, preprocess_arg
 from ..models.config import to_hw
-from ..models.preprocess import cli_overrides, data_overrides
 from ..utils.progress import progress_bar
 from ..weights import load_model
 from .fewshot import extract_features
@@ -79,13 +79,18 @@ def check_image_size(model: VisionTransformer, size: int | tuple[int, int] | Non
 
 
 def analysis_preprocess(model: VisionTransformer, checkpoint: str | Path, size: tuple[int, int], *,
-                        normalize: str | None = None, resize: str | None = None, crop_fraction: float | None = None,
-                        interpolation: str | None = None) -> Preprocess:
-    """The resolved preprocessing (`vitlab.models.preprocess.resolve`) at the analysed `size`: the keyword arguments,
-    else the checkpoint's own, else the default with one warning."""
-    overrides = cli_overrides(normalize=normalize, resize=resize, crop_fraction=crop_fraction,
-                              interpolation=interpolation, in_chans=model.cfg.in_chans)
-    return preprocess_of(model, what=str(checkpoint), img_size=size, **overrides)
+                        preprocess: Preprocess | Mapping[str, Any] | None = None, **deprecated: Any) -> Preprocess:
+    """The resolved preprocessing (`vitlab.models.preprocess.resolve`) at the analysed `size`: `preprocess` (a whole
+    Preprocess, or some of its fields), else the checkpoint's own, else the default with one warning.
+
+    `deprecated`: the keyword arguments `preprocess` replaces (normalize, resize, crop_fraction (which implied
+    "center_crop"), interpolation), still taken with a DeprecationWarning.
+
+    Raises:
+        ValueError: A key of `preprocess` that is no Preprocess field, or a bad value.
+    """
+    overrides = preprocess_arg(preprocess, deprecated, "analysis_preprocess")
+    return preprocess_of(model, overrides, what=str(checkpoint), img_size=size)
 
 
 def expand_image_paths(paths: Sequence[str | Path]) -> list[str]:

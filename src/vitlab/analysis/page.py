@@ -11,15 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from . import plots
 from .findings import AnalysisResult
-from .plots import (
-    plot_attention_distance,
-    plot_filters,
-    plot_layer_maps,
-    plot_pos_similarity,
-    plot_rollout,
-    plot_token_stats,
-)
 from .posembed_sim import similarity_by_distance
 
 
@@ -51,7 +44,7 @@ def sections(result: AnalysisResult) -> list[Section]:
         out.append(Section(
             "filters", "Patch-embedding filters (Fig. 7 left)",
             "Top principal components of the patch projection E, each shown as a P x P image.",
-            _png(plot_filters(result.filters)),
+            _png(plots.plot_filters(result.filters)),
             {"components": _tolist(result.filters.components),
              "explained_variance": _tolist(result.filters.explained_variance),
              "explained_variance_ratio": _tolist(result.filters.explained_variance_ratio),
@@ -61,7 +54,7 @@ def sections(result: AnalysisResult) -> list[Section]:
             "posembed_similarity", "Position-embedding similarity (Fig. 7 centre)",
             "Tile (row i, column j): cosine similarity of patch (i, j)'s position embedding to every patch's, in "
             "the grid's layout.",
-            _png(plot_pos_similarity(result.pos_similarity)),
+            _png(plots.plot_pos_similarity(result.pos_similarity)),
             {"similarity": _tolist(result.pos_similarity, 5), "shape": "(gh, gw, gh, gw)",
              **similarity_by_distance(result.pos_similarity)}))
     out.append(Section(
@@ -69,7 +62,7 @@ def sections(result: AnalysisResult) -> list[Section]:
         f"Attention-weighted mean pixel distance between patch queries and patch keys (the "
         f"{_prefix_words(result.config)} left out), "
         f"averaged over {len(result.images)} images; dashed: uniform attention ({att.uniform_distance:.1f} px).",
-        _png(plot_attention_distance(att.mean_distance, att.uniform_distance)),
+        _png(plots.plot_attention_distance(att.mean_distance, att.uniform_distance)),
         {"mean_distance": _tolist(att.mean_distance), "std_over_images": _tolist(att.distance_per_image.std(0)),
          "shape": "(layers, heads)", "units": "pixels of the model input",
          "uniform_attention_distance": att.uniform_distance, "patch_size": att.patch_size,
@@ -80,14 +73,14 @@ def sections(result: AnalysisResult) -> list[Section]:
         "rows renormalised), and the rollout map; "
         + ("from the class token." if result.config.get("class_token") else
            "mean over the patch queries (no class token)."),
-        _png(plot_rollout(result.images, att.rollout)),
+        _png(plots.plot_rollout(result.images, att.rollout)),
         {"maps": _tolist(att.rollout), "shape": "(n, gh, gw)", "grid": list(att.grid)}))
     if att.rollout_dist is not None:
         out.append(Section(
             "attention_rollout_distillation", "Attention rollout of the distillation token (DeiT)",
             "The same rollout read from the distillation token's row: what the head trained on the teacher's "
             "labels reads from each patch.",
-            _png(plot_rollout(result.images, att.rollout_dist)),
+            _png(plots.plot_rollout(result.images, att.rollout_dist)),
             {"maps": _tolist(att.rollout_dist), "shape": "(n, gh, gw)", "grid": list(att.grid)}))
     if att.tokens is not None:
         t = att.tokens
@@ -97,12 +90,12 @@ def sections(result: AnalysisResult) -> list[Section]:
             f"output norm of each kind of token; dashed: the share of patch tokens whose norm exceeds "
             f"{t.outlier_factor:g}x the median patch norm (the high-norm artifact tokens registers absorb, Darcet et "
             f"al. 2024). Last layer: largest patch norm {t.max_norm_ratio[-1]:.2f}x the median.",
-            _png(plot_token_stats(t)), t.to_dict()))
+            _png(plots.plot_token_stats(t)), t.to_dict()))
     for i in sorted(att.layer_maps):
         out.append(Section(
             f"attention_layer{i + 1}", f"Layer {i + 1}, each head",
             "Attention of the class token (or mean patch query) to each patch, per head.",
-            _png(plot_layer_maps(result.images, att.layer_maps[i], i)),
+            _png(plots.plot_layer_maps(result.images, att.layer_maps[i], i)),
             {"maps": _tolist(att.layer_maps[i]), "shape": "(n, heads, gh, gw)", "layer": i}))
     return out
 

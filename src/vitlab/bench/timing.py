@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import platform
 import threading
 import time
 from collections.abc import Callable
@@ -124,24 +123,10 @@ def peak_memory(fn: Callable[[], object], device: str = "cpu") -> int | None:
 
 
 def machine_info() -> dict:
-    """CPU model, its host class (`vitlab.perf.cpu.host_class`: AVX2 / AVX-512 / AVX-512+VNNI / AMX) and the flags
-    behind it, cores, threads, library versions and the current load: what a result is only valid for. Emulation
-    switches in the environment (`EMULATION_VARS`) are recorded
-    under "emulation": the kernels ran as on a lesser CPU, the host class names the real one."""
-    flags = cpu.cpu_flags()
-    info: dict[str, Any] = {
-        "cpu": cpu.cpu_model(), "host_class": cpu.host_class(flags),
-        "cpu_flags": [f for f in (*cpu.BF16_FLAGS, *cpu.INT8_FLAGS, "avx512f", "avx2") if f in flags],
-        "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "loadavg_start": loadavg(),
-    }
-    emulated = cpu.kernel_emulation()
-    if emulated:
-        info["emulation"] = emulated
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
+    """`vitlab.perf.cpu.machine_summary()` (CPU model, host class and the flags behind it, cores, threads, kernel
+    emulation, the current load: what a result is only valid for) plus the versions of the peers a benchmark
+    compares against."""
+    info: dict[str, Any] = cpu.machine_summary()
     for lib in ("timm", "transformers", "torchvision", "onnxruntime"):
         with contextlib.suppress(ImportError):
             info[lib] = __import__(lib).__version__

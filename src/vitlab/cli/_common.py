@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..models.preprocess import add_cli_arguments
+from ..models.preprocess import INTERPOLATIONS, NAMED_STATS, RESIZE_MODES
 from ..utils.extras import EXTRAS, MissingExtraError
 from ..utils.io import OutputError, check_writable
 from ..utils.progress import wants_progress
@@ -33,14 +33,15 @@ FAILED = 1  # the command line was fine but the work failed: a missing or unread
 #             recipe, a value the library refused, an output that exists without --force, a missing extra
 USAGE = 2  # the command line is wrong: unknown option, bad or missing value (argparse's code; also a value a
 #            command checks itself before starting, e.g. --batch-size 0)
-INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), and SIGTERM: both stop a command the one way
 BROKEN_PIPE = 141  # the reader of stdout went away, e.g. `vitlab weights list | head` (128 + SIGPIPE)
 
 EXIT_CODES = (
     (OK, "success"),
     (FAILED, "error in the input, checkpoint, data or output (one line `vitlab COMMAND: error: ...` on stderr)"),
     (USAGE, "usage error: unknown option, bad or missing value (argparse's message)"),
-    (INTERRUPTED, "interrupted (Ctrl-C; `vitlab train` saves a checkpoint first: continue with --resume)"),
+    (INTERRUPTED, "interrupted (Ctrl-C or SIGTERM; `vitlab train` saves a checkpoint first: continue with "
+                  "--resume)"),
     (BROKEN_PIPE, "output pipe closed by the reader (e.g. `| head`)"),
 )
 
@@ -52,6 +53,10 @@ def exit_code_table() -> str:
 
 class UsageError(Exception):
     """A value on the command line that the command itself refuses before doing any work: exit code 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt (`terminate_as_interrupt`)."""
 
 
 # -- the formatter: every option shows its default ------------------------------------------------------------
@@ -129,9 +134,30 @@ def add_verbosity(p: argparse.ArgumentParser, *, top: bool = False) -> None:
                    **({"default": 0} if top else extra))
 
 
-def add_preprocess(p: argparse.ArgumentParser, *, normalize: bool = True) -> None:
-    """--normalize / --resize / --crop-fraction / --interpolation (vitlab.models.preprocess imports nothing heavy)."""
-    add_cli_arguments(p, normalize=normalize)
+def add_preprocess(p: argparse.ArgumentParser) -> None:
+    """--normalize / --resize / --crop-fraction / --interpolation, shared by predict, eval, analyze, fewshot; read
+    back by `preprocess_overrides` (vitlab.models.preprocess imports nothing heavy)."""
+    p.add_argument("--normalize", choices=tuple(NAMED_STATS), default=None,
+                   help="pixel statistics: inception ([-1, 1]) or imagenet (mean/std); default: the checkpoint's own "
+                        "preprocessing")
+    p.add_argument("--resize", "--eval-resize", choices=RESIZE_MODES, default=None, dest="pp_resize",
+                   help="resize: squash the whole image to the model's size; center_crop: shorter side to "
+                        "size / --crop-fraction, keep the centre. Default: the checkpoint's own")
+    p.add_argument("--crop-fraction", type=float, default=None,
+                   help="share of the resized image kept by the centre crop, in (0, 1]; implies --resize "
+                        "center_crop unless --resize says otherwise")
+    p.add_argument("--interpolation", choices=INTERPOLATIONS, default=None,
+                   help="resampling filter; default: the checkpoint's own")
+
+
+def preprocess_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `preprocess=` mapping of `add_preprocess`'s flags: the Preprocess fields they set (none given: {}, the
+    checkpoint's own). A crop fraction without --resize means center_crop; --resize resize alone squashes the
+    whole image (`vitlab.data.preprocess.named_overrides`)."""
+    from ..data.preprocess import named_overrides
+
+    return named_overrides(normalize=args.normalize, resize=args.pp_resize, crop_fraction=args.crop_fraction,
+                           interpolation=args.interpolation)
 
 
 def add_model_inputs(p: argparse.ArgumentParser, img_size_help: str) -> None:
@@ -210,17 +236,21 @@ def _import_message(e: ImportError) -> str:
 _WRITE_ONLY_ERRNOS = frozenset(getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS", "EFBIG") if hasattr(errno, n))
 
 
-def _interrupted(e: BaseException) -> bool:
-    """Whether a Ctrl-C is behind `e`: a library that ran Python code under C (torch.save's writer, a DataLoader)
-    may turn the KeyboardInterrupt raised there into an error of its own, chained to it."""
+def _interrupted(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM) behind `e`, if any: a library that ran Python code under C (torch.save's writer, a
+    DataLoader) may turn the KeyboardInterrupt raised there into an error of its own, chained to it."""
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, KeyboardInterrupt):
-            return True
+            return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
-    return False
+    return None
+
+
+def _interrupted_line(command: str, e: KeyboardInterrupt) -> str:
+    return f"vitlab {command}: interrupted" + (" (SIGTERM)" if isinstance(e, Terminated) else "")
 
 
 def error_message(e: BaseException) -> tuple[int, str] | None:
@@ -266,9 +296,30 @@ def check_output(path: str | os.PathLike[str] | None, *, folder: bool) -> None:
         check_writable(path, folder=folder)
 
 
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block (in the main thread), SIGTERM stops the work as Ctrl-C does: it raises `Terminated` (a
+    KeyboardInterrupt), so every `finally` runs (temporary files and folders are removed, `vitlab.utils.io` holds
+    it until a file being written is whole) and the command exits 130 with one line. Without it SIGTERM kills the
+    process on the spot, leaving its temporary files. `vitlab train` sets its own handler while it trains (finish
+    the step, save a checkpoint) and `vitlab serve` its own while it serves (drain the requests in flight)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def _exit_on_late_interrupt(command: str, code: int) -> None:
-    """From now on (the command has finished; the interpreter is shutting down), Ctrl-C ends the program at once
-    with exit code 130 and at most one line, instead of a traceback from whatever teardown it interrupts."""
+    """From now on (the command has finished; the interpreter is shutting down), Ctrl-C or SIGTERM ends the program
+    at once with exit code 130 and at most one line, instead of a traceback from whatever teardown it interrupts."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -280,18 +331,20 @@ def _exit_on_late_interrupt(command: str, code: int) -> None:
             sys.stderr.flush()
         os._exit(INTERRUPTED)
 
-    signal.signal(signal.SIGINT, handler)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, handler)
 
 
 def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0, *, program: bool = False) -> int:
     """Run a command's work, turning the exceptions of `error_message` into one line on stderr and its code.
 
     Ctrl-C is exit code 130 and one line, "vitlab COMMAND: interrupted", also when a library turned it into an
-    error of its own. With `program` (the `vitlab` executable, not a call from Python), a Ctrl-C after the work,
-    while the process tears down, exits 130 at once and quietly.
+    error of its own. With `program` (the `vitlab` executable, not a call from Python), SIGTERM is handled the same
+    way (`terminate_as_interrupt`), and a Ctrl-C or SIGTERM after the work, while the process tears down, exits 130
+    at once and quietly.
     """
     try:
-        with _quiet_thread_write_errors():
+        with _quiet_thread_write_errors(), terminate_as_interrupt() if program else contextlib.nullcontext():
             code = _run(command, fn, verbose)
     except KeyboardInterrupt:  # a second Ctrl-C while the first was being reported
         code = INTERRUPTED
@@ -301,11 +354,12 @@ def run_command(command: str, fn: Callable[[], int | None], verbose: int = 0, *,
 
 
 def ignore_interrupts_at_exit() -> None:
-    """Register (call it first thing: atexit runs the last registered first) an exit hook that ignores SIGINT for
-    the rest of the interpreter's shutdown. Python resets its handlers to the default late in the shutdown, and a
-    Ctrl-C then kills the process by the signal (-2 to a parent process, not 130); an ignored signal stays so."""
+    """Register (call it first thing: atexit runs the last registered first) an exit hook that ignores SIGINT and
+    SIGTERM for the rest of the interpreter's shutdown. Python resets its handlers to the default late in the
+    shutdown, and a signal then kills the process (-2 or -15 to a parent process, not 130); an ignored one stays so."""
     if threading.current_thread() is threading.main_thread():
-        atexit.register(signal.signal, signal.SIGINT, signal.SIG_IGN)
+        for s in (signal.SIGINT, signal.SIGTERM):
+            atexit.register(signal.signal, s, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -345,17 +399,18 @@ def _run(command: str, fn: Callable[[], int | None], verbose: int) -> int:
         code = int(fn() or OK)
         _flush_stdout()
         return code
-    except KeyboardInterrupt:
-        print(f"vitlab {command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        print(_interrupted_line(command, e), file=sys.stderr)
         return INTERRUPTED
     except BrokenPipeError:  # output piped into `head` and the reader left: stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return BROKEN_PIPE
     except Exception as e:
-        if _interrupted(e):
+        interrupt = _interrupted(e)
+        if interrupt is not None:
             if verbose:
                 traceback.print_exc(file=sys.stderr)
-            print(f"vitlab {command}: interrupted", file=sys.stderr)
+            print(_interrupted_line(command, interrupt), file=sys.stderr)
             return INTERRUPTED
         mapped = error_message(e)
         if mapped is None:

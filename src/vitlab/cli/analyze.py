@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..analysis.inputs import analysis_preprocess, check_image_size, load_checkpoint, load_inputs
     from ..analysis.report import analyze, write_report
+    from ._common import preprocess_overrides
     positive("--batch-size", args.batch_size)
     positive("--components", args.components)
     positive("--num-images", args.num_images)
@@ -85,8 +86,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update()
         bar.set_postfix_str("reading images")
         size = check_image_size(model, args.img_size)
-        pre = analysis_preprocess(model, args.checkpoint, size, normalize=args.normalize, resize=args.pp_resize,
-                                  crop_fraction=args.crop_fraction, interpolation=args.interpolation)
+        pre = analysis_preprocess(model, args.checkpoint, size, preprocess=preprocess_overrides(args))
         images = load_inputs(model, pre, images=args.images, data=args.data, split=args.split,
                              num_images=args.num_images)
         bar.update()

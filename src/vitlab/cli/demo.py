@@ -1,5 +1,5 @@
 """`vitlab demo` (what `make demo` runs): pre-train on Fashion-MNIST below its native resolution, fine-tune at it,
-transfer to digits against scratch, analyse, one HTML page; thin over `vitlab.train.demo.run_demo`."""
+transfer to digits against scratch, analyse, one HTML page; thin over `vitlab.paper.demo.run_demo`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ The paper in miniature on the CPU, minutes on 2 cores (docs/training.md has the 
 hybrid ViT on Fashion-MNIST below its native resolution (16 px), fine-tune it at the native 28 px with interpolated
 position embeddings (paper Sec. 3.2) against the same steps kept at 16 px, transfer it to scikit-learn's
 handwritten digits against the same model trained from scratch (Sec. 4.2), and look inside it (Sec. 4.5). One
-self-contained page, report.html (+ demo.json and each run's folder). The steps are the shipped recipes
-demo_pretrain.yaml, demo_finetune.yaml and demo_transfer.yaml, run through the same training as `vitlab train`;
+self-contained page, report.html, the paper's claims beside the measurements as `vitlab reproduce` reports them (+
+demo.json with every number, a PNG and JSON per figure, each run's folder). The steps are the shipped recipes
+demo_pretrain.yaml, demo_finetune.yaml and demo_transfer.yaml, run as `vitlab reproduce` runs its experiments;
 their lengths are fixed (epochs and steps), so the numbers do not depend on the machine's speed. --seeds N runs
 the two headline comparisons (fine-tune vs the control, transfer vs scratch) N times with different seeds from the
 one pre-training and shows each seed's difference, mean ± standard error and verdict (default 1: as before)."""
@@ -45,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..train.demo import run_demo
+    from ..paper.demo import run_demo
 
     positive("--threads", args.threads)
     positive("--seeds", args.seeds)

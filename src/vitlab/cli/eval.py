@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ..models.preprocess import Preprocess
-from ._common import add_device, add_preprocess, add_progress, positive, want_progress
+from ._common import add_device, add_preprocess, add_progress, positive, preprocess_overrides, want_progress
 
 HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
 DESCRIPTION = """\
@@ -83,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
     bounded_heap()  # big blocks mmapped and unmapped when freed: the peak memory is one batch's however many images
     r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
                             precision=args.precision, device=args.device, mode=args.mode, tta=args.tta,
-                            eval_resize=args.pp_resize, crop_fraction=args.crop_fraction, normalize=args.normalize,
-                            interpolation=args.interpolation, progress=want_progress(args))
+                            preprocess=preprocess_overrides(args), progress=want_progress(args))
     print(json.dumps(r.to_dict(), indent=2) if args.json else format_result(r))
     return 0

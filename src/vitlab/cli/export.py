@@ -1,6 +1,6 @@
 """`vitlab export CHECKPOINT OUT [--to onnx|openvino] [--int8 --calib DATA]`: an ONNX graph or an OpenVINO IR with a
-dynamic batch, fp32 or int8, checked against PyTorch; thin over `vitlab.deploy.export.export_onnx` /
-`export_openvino`, plus the real images for calibration and verification (files, a data set, or the recipe's)."""
+dynamic batch, fp32 or int8, checked against PyTorch; thin over `vitlab.deploy.export.export` with its
+`ExportOptions`, plus the real images for calibration and verification (files, a data set, or the recipe's)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ The written file is run by its runtime and compared with PyTorch before it is mo
 batch 1 and 3 (fp32: logits within 1e-4, scaled by the largest logit) and real images (--verify-data; default the
 test split of the calibration data set or of the data set in the recipe.yaml beside the checkpoint): top-1
 agreement and max logit difference are reported, and an int8 model agreeing on fewer than --min-agreement of them
-is not written. --calib is a data set spec (fashion_mnist, imagefolder:/path, ...: its train split) or image files
-/ folders; without it, the training images of the data set named in the checkpoint's recipe.yaml.
+is not written. An OpenVINO IR is checked at fp32 inference precision and records it (rt_info runtime_options
+INFERENCE_PRECISION_HINT); the summary also says what plain OpenVINO (compile_model with no config) gives on this
+CPU, which defaults to bf16 where the CPU has it: then compile with {"INFERENCE_PRECISION_HINT": "f32"}.
+--calib is a data set spec (fashion_mnist, imagefolder:/path, ...: its train split) or image files / folders;
+without it, the training images of the data set named in the checkpoint's recipe.yaml.
 Library: vitlab.deploy.export, vitlab.deploy.runtimes."""
 EXAMPLES = """\
   vitlab export runs/finetune/model.safetensors vit.onnx
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         require("onnxruntime", "export", "--to onnx")
     check_output(args.output, folder=False)
 
-    from ..deploy.export import export_onnx, export_openvino
+    from ..deploy.export import ExportOptions, export
     from ..weights import load_model
 
     overrides = {"img_size": args.img_size} if args.img_size is not None else {}
@@ -102,13 +105,10 @@ def run(args: argparse.Namespace) -> int:
                                               what="verification")
             if same_files:
                 verify_src += " (the calibration images: give --verify-data for held-out ones)"
-    common = dict(overwrite=args.force, verify_batches=() if args.no_verify else (1, 3), int8=args.int8,
-                  calib=calib, calib_images=args.calib_images, verify_images=verify, verify_source=verify_src,
-                  min_agreement=args.min_agreement)
-    if to == "openvino":
-        report = export_openvino(model, args.output, **common)  # type: ignore[arg-type]
-    else:
-        report = export_onnx(model, args.output, opset=args.opset, **common)  # type: ignore[arg-type]
+    options = ExportOptions(opset=args.opset, overwrite=args.force, verify_batches=() if args.no_verify else (1, 3),
+                            int8=args.int8, calib=calib, calib_images=args.calib_images, verify_images=verify,
+                            verify_source=verify_src, min_agreement=args.min_agreement)
+    report = export(model, args.output, to, options)
     print(report.summary())
     if verify is None and not args.no_verify:
         print("top-1 agreement on real images not measured: no data set known for this checkpoint; give "

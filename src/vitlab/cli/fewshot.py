@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..analysis.fewshot import fewshot_evaluate
     from ..analysis.inputs import analysis_preprocess, check_image_size, load_checkpoint, split_features
+    from ._common import preprocess_overrides
     positive("--seeds", args.seeds)
     positive("--batch-size", args.batch_size)
     positive("--train-limit", args.train_limit)
@@ -61,8 +62,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_checkpoint(args.checkpoint, device)
     size = check_image_size(model, args.img_size)
-    pre = analysis_preprocess(model, args.checkpoint, size, normalize=args.normalize, resize=args.pp_resize,
-                              crop_fraction=args.crop_fraction, interpolation=args.interpolation)
+    pre = analysis_preprocess(model, args.checkpoint, size, preprocess=preprocess_overrides(args))
     common = {"batch_size": args.batch_size, "device": device, "progress": want_progress(args)}
     train_x, train_y, num_classes = split_features(model, pre, args.data, args.train_split, limit=args.train_limit,
                                                    **common)

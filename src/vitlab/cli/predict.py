@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_preprocess, positive
+from ._common import add_preprocess, positive, preprocess_overrides
 from .eval import MODES
 
 HELP = "classify image files with a checkpoint"
@@ -40,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
     positive("--top-k", args.top_k)
     positive("--batch-size", args.batch_size)
     bounded_heap()  # big blocks mmapped and unmapped when freed: the peak memory is one batch's however many images
-    results = iter_predict(args.checkpoint, args.images, args.top_k, args.normalize, args.mode,
-                           resize=args.pp_resize, crop_fraction=args.crop_fraction, interpolation=args.interpolation,
+    results = iter_predict(args.checkpoint, args.images, args.top_k, preprocess_overrides(args), args.mode,
                            batch_size=args.batch_size)
     if args.json:
         print(json.dumps(list(results), indent=2))

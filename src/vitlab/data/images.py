@@ -23,9 +23,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from ..models.config import to_hw
 from ..models.preprocess import Preprocess, from_stats, resolve
-from ..weights import hub
-from ..weights.checkpoint import read_checkpoint
-from ..weights.infer import infer_config
+from ..weights.checkpoint import resolved_preprocess
 from .batch_augment import norm_stats
 from .config import DataConfig
 from .errors import DataError
@@ -237,21 +235,23 @@ def transforms_for(source: Any, **overrides: Any) -> T.Compose:
     return preprocess_transform(preprocess_of(source, **overrides))
 
 
-def preprocess_of(source: Any, *, what: str | None = None, **overrides: Any) -> Preprocess:
-    """The resolved Preprocess of what `transforms_for` accepts (see there); `what` names it in the warning."""
+def preprocess_of(source: Any, preprocess: Preprocess | Mapping[str, Any] | None = None, *, what: str | None = None,
+                  **overrides: Any) -> Preprocess:
+    """The resolved Preprocess of what `transforms_for` accepts (see there). `preprocess` (a whole Preprocess, or
+    some of its fields) and `overrides` (fields) win over the source's own; `what` names it in the warning.
+
+    Raises:
+        ValueError: An override that is no Preprocess field (naming it and the valid ones), or a bad value.
+    """
+    if isinstance(preprocess, Preprocess):
+        return preprocess.replace(**overrides) if overrides else preprocess
+    overrides = {**(preprocess or {}), **overrides}
     if isinstance(source, Preprocess):
-        return source.replace(**overrides) if overrides else source
+        return resolve(source, overrides=overrides)
     if isinstance(source, Mapping):
         return Preprocess.from_dict({**source, **overrides})
     if isinstance(source, str | Path):  # a path or any name vitlab.weights.hub.resolve takes
-        resolved = hub.resolve(source)
-        ckpt = read_checkpoint(resolved.path)
-        own = hub.entry_preprocess(resolved.entry) or ckpt.preprocess
-        if own is not None:
-            return resolve(own, overrides=overrides, what=what or str(source))
-        arch = ckpt.config or infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]
-        return resolve(None, img_size=arch.img_size, in_chans=arch.in_chans, overrides=overrides,
-                       what=what or str(source))
+        return resolved_preprocess(source, overrides, what=what)
     cfg = getattr(source, "cfg", None)
     if hasattr(source, "state") and hasattr(source, "format"):  # a Checkpoint
         size = source.config.img_size if source.config is not None else source.known.get("img_size")
@@ -270,16 +270,9 @@ def pil_to_tensor(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(a.copy()).permute(2, 0, 1).contiguous()
 
 
-def load_images(
-    paths: Sequence[str],
-    *,
-    img_size: int | tuple[int, int],
-    in_chans: int,
-    normalize: str = "inception",
-    resize: str = "resize",
-    max_pixels: int | None = None,
-    preprocess: Preprocess | None = None,
-) -> torch.Tensor:
+def load_images(paths: Sequence[str], *, img_size: int | tuple[int, int], in_chans: int, normalize: str = "inception",
+                resize: str = "resize", max_pixels: int | None = None,
+                preprocess: Preprocess | None = None) -> torch.Tensor:
     """Image files -> float32 (B, C, H, W), decoded and resized as evaluation does (for predict / analyze).
 
     `preprocess` (e.g. `vitlab.data.preprocess_of(model)`) says how; without it, `normalize` / `resize` with a

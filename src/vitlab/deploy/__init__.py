@@ -3,7 +3,7 @@
     fast = vitlab.optimize(model, "int8")                       # optimize.py: the front door, every speed mode
     fast = vitlab.optimize(model, "auto", calib=images)         # autoselect.py: the fastest that keeps top-1
     fast = to_openvino(model, example, int8=True, calib=images)  # runtimes.py: OpenVINO / ONNX Runtime
-    report = export_onnx(model, "vit.onnx")                     # export.py: files, verified against PyTorch
+    report = export(model, "vit.onnx")                          # export.py: files, verified against PyTorch
 
 Inside, each module imports only those below it (import-linter checks it, pyproject.toml):
 

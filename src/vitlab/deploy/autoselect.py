@@ -45,7 +45,7 @@ from .modes import MODES, build_mode, example_batch
 from .optimized import OptimizedModel
 from .quant import DEFAULT_CALIB_IMAGES
 
-__all__ = ["KIND", "MIN_AGREEMENT", "AutoReport", "agreement", "auto_candidates", "plan_candidates", "select_mode",
+__all__ = ["KIND", "MIN_AGREEMENT", "AutoReport", "agreement", "plan_candidates", "select_mode",
            "shape_key"]
 
 log = logging.getLogger("vitlab.optimize")
@@ -151,11 +151,6 @@ def plan_candidates(device: torch.device | str = "cpu", flags: Collection[str] |
     return out, skipped
 
 
-def auto_candidates(device: torch.device | str = "cpu") -> tuple[str, ...]:
-    """The modes "auto" tries by default on `device` (`plan_candidates`' first half), fp32 first."""
-    return tuple(plan_candidates(device)[0])
-
-
 def shape_key(model: nn.Module, example: torch.Tensor) -> str:
     """What a timing holds for: the model's class and shape (its config's name and sizes, else its parameter count)
     and the input batch shape."""
@@ -204,116 +199,148 @@ def select_mode(model: nn.Module, calib: Any, *, example: torch.Tensor | None = 
     Raises:
         ValueError: Bad calibration images or candidates (unknown, repeated, "auto" itself).
     """
-    start = _now()
-    ref = next(model.parameters(), None)
-    device = ref.device if ref is not None else torch.device("cpu")
-    report = AutoReport(cpu.host_class() if device.type == "cpu" else device.type)
-    if candidates is not None:
-        cands = list(candidates)
-    else:
-        cands, skipped = plan_candidates(device)
-        report.skipped.update(skipped)
-    bad = [c for c in cands if c not in MODES or c == "auto"]
-    if bad or not cands or len(set(cands)) != len(cands):
-        raise ValueError(f"auto candidates must be distinct speed modes other than 'auto'; got {bad or cands}")
-    if candidates is None and report.skipped:
-        log.info("auto (%s CPU): skipped without building: %s", report.host_class,
-                 "; ".join(f"{m}: {why}" for m, why in report.skipped.items()))
-    report.candidates = cands
-    x = example_batch(model, calib, example).to(device)  # (B, C, H, W): the batch shape timed
-    calib_all = calibration_tensor(calib, input_chw(model), 1 << 62)  # (N, C, H, W): what int8 modes calibrate on
-    images = calib_all[:check_images].to(device)  # (n, C, H, W): the agreement check
-    model = model.eval()
-    chunks, ref_s = images.split(len(x)), []
-    with torch.no_grad():
-        outs = []
-        for c in chunks:
-            t = _clock(device)
-            outs.append(model(c))
-            ref_s.append(_clock(device) - t)
-        logits = torch.cat(outs)  # (n, classes): the fp32 answers
-    # fp32's own timing, when the check ran at least two batches of the timed shape (the first one warms up)
-    fp32_s = statistics.median(ref_s[1:]) if len(chunks) >= 2 and len(chunks[1]) == len(x) else None
-    t1 = fp32_s or sum(ref_s) / len(ref_s)  # seconds of one fp32 forward of a batch like x
-    key = shape_key(model, x)
-    # a later call builds the stored winner after measuring what is left: keep its building time out of the budget
-    known = {c: s for c, s in autotune.timings(KIND, key, device=device).items() if c in cands and s is not None}
-    lead = min(known, key=known.__getitem__) if known and autotune.mode() == "on" else None
-    reserve = _estimate(lead, t1, len(calib_all), len(chunks), timed=False) if lead not in (None, "fp32") else 0.0
-    best: dict[str, OptimizedModel] = {}  # the fastest eligible built so far, handed back without building again
-    best_time = [float("inf")]
-    measured: dict[str, float | None] = {}
+    selection = _Selection(model, calib, candidates, dynamic=dynamic, budget_s=budget_s)
+    selection.reference(example, check_images)
+    return selection.report(selection.choose())
 
-    def build(mode: str) -> OptimizedModel | None:
+
+class _Selection:
+    """One "auto" call, in the order it runs: the candidates (`__init__`), the fp32 reference answers and timing
+    (`reference`), each candidate measured within the budget (`measure`: `build`, `_time`, `eligible`), the winner
+    chosen (`choose`, from this call's timings or the stored ones) and reported (`report`)."""
+
+    def __init__(self, model: nn.Module, calib: Any, candidates: Sequence[str] | None, *, dynamic: bool | None,
+                 budget_s: float) -> None:
+        self.start, self.budget_s, self.dynamic = _now(), budget_s, dynamic
+        ref = next(model.parameters(), None)
+        self.device = ref.device if ref is not None else torch.device("cpu")
+        self.auto = AutoReport(cpu.host_class() if self.device.type == "cpu" else self.device.type)
+        if candidates is not None:
+            cands = list(candidates)
+        else:
+            cands, skipped = plan_candidates(self.device)
+            self.auto.skipped.update(skipped)
+        bad = [c for c in cands if c not in MODES or c == "auto"]
+        if bad or not cands or len(set(cands)) != len(cands):
+            raise ValueError(f"auto candidates must be distinct speed modes other than 'auto'; got {bad or cands}")
+        if candidates is None and self.auto.skipped:
+            log.info("auto (%s CPU): skipped without building: %s", self.auto.host_class,
+                     "; ".join(f"{m}: {why}" for m, why in self.auto.skipped.items()))
+        self.auto.candidates = self.cands = cands
+        self.model, self.calib = model.eval(), calib
+        self.best: dict[str, OptimizedModel] = {}  # the fastest eligible built so far, handed back without rebuilding
+        self.best_time = float("inf")
+        self.measured: dict[str, float | None] = {}
+
+    @torch.no_grad()
+    def reference(self, example: torch.Tensor | None, check_images: int) -> None:
+        """The fp32 answers on the check images (timed: fp32's own timing when they fill two batches of the timed
+        shape), the shape key, and the time kept back to rebuild a stored winner."""
+        self.x = example_batch(self.model, self.calib, example).to(self.device)  # (B, C, H, W): the batch timed
+        # (N, C, H, W): what the int8 modes calibrate on; its first (n, C, H, W) images check the agreement
+        self.calib_all = calibration_tensor(self.calib, input_chw(self.model), 1 << 62)
+        self.images = self.calib_all[:check_images].to(self.device)
+        self.chunks, ref_s, outs = self.images.split(len(self.x)), [], []
+        for c in self.chunks:
+            t = _clock(self.device)
+            outs.append(self.model(c))
+            ref_s.append(_clock(self.device) - t)
+        self.logits = torch.cat(outs)  # (n, classes): the fp32 answers
+        # fp32's own timing, when the check ran at least two batches of the timed shape (the first one warms up)
+        two = len(self.chunks) >= 2 and len(self.chunks[1]) == len(self.x)
+        self.fp32_s = statistics.median(ref_s[1:]) if two else None
+        self.t1 = self.fp32_s or sum(ref_s) / len(ref_s)  # seconds of one fp32 forward of a batch like x
+        self.key = shape_key(self.model, self.x)
+        # a later call builds the stored winner after measuring what is left: keep its building time out of the budget
+        known = {c: s for c, s in autotune.timings(KIND, self.key, device=self.device).items()
+                 if c in self.cands and s is not None}
+        lead = min(known, key=known.__getitem__) if known and autotune.mode() == "on" else None
+        self.reserve = 0.0 if lead in (None, "fp32") else self._estimate(lead, timed=False)
+
+    def _estimate(self, mode: str, timed: bool = True) -> float:
+        return _estimate(mode, self.t1, len(self.calib_all), len(self.chunks), timed=timed)
+
+    def build(self, mode: str) -> OptimizedModel | None:
+        """`mode` built, or None (the reason logged and reported) when it cannot run here."""
         try:
-            return build_mode(model, mode, dynamic=dynamic, calib=calib_all, example=x)
+            return build_mode(self.model, mode, dynamic=self.dynamic, calib=self.calib_all, example=self.x)
         except (MissingExtraError, RuntimeError, NotImplementedError, ValueError) as e:  # logged, not hidden
-            report.skipped[mode] = f"cannot run here: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            log.info("auto: %s %s", mode, report.skipped[mode])
+            self.auto.skipped[mode] = f"cannot run here: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+            log.info("auto: %s %s", mode, self.auto.skipped[mode])
             return None
 
-    def eligible(mode: str, fast: OptimizedModel) -> bool:
+    def eligible(self, mode: str, fast: OptimizedModel) -> bool:
+        """Whether `fast` agrees with the fp32 answers often enough (fp32 itself always does)."""
         if mode == "fp32":
             return True  # the reference itself
-        agree = agreement(fast, logits, images, len(x))
+        agree = agreement(fast, self.logits, self.images, len(self.x))
         if agree < MIN_AGREEMENT:
-            report.skipped[mode] = (f"agrees with fp32 on {100 * agree:.2f}% of {len(images)} images "
-                                    f"(< {100 * MIN_AGREEMENT:.0f}%)")
-            log.info("auto: %s %s: not eligible", mode, report.skipped[mode])
+            self.auto.skipped[mode] = (f"agrees with fp32 on {100 * agree:.2f}% of {len(self.images)} images "
+                                       f"(< {100 * MIN_AGREEMENT:.0f}%)")
+            log.info("auto: %s %s: not eligible", mode, self.auto.skipped[mode])
             return False
         return True
 
-    def measure(mode: str) -> Any:
-        left = start + budget_s - reserve - _now()
-        cost = _estimate(mode, t1, len(calib_all), len(chunks))
+    def measure(self, mode: str) -> Any:
+        """Seconds per call of `mode` (None: cannot run or not eligible; NOT_NOW: no time left in the budget); the
+        `measure` of `autotune.cached_choice`."""
+        left = self.start + self.budget_s - self.reserve - _now()
+        cost = self._estimate(mode)
         if mode != "fp32" and cost > left:
-            report.skipped[mode] = f"time budget: ~{cost:.0f} s to build and time, {max(left, 0):.0f} s left of " \
-                                   f"{budget_s:.0f} s"
-            log.info("auto: %s skipped: %s", mode, report.skipped[mode])
+            self.auto.skipped[mode] = (f"time budget: ~{cost:.0f} s to build and time, {max(left, 0):.0f} s left "
+                                       f"of {self.budget_s:.0f} s")
+            log.info("auto: %s skipped: %s", mode, self.auto.skipped[mode])
             return autotune.NOT_NOW
         t0 = _now()
         try:
-            fast = build(mode)
+            fast = self.build(mode)
             if fast is None:
                 return None
-            if mode == "fp32" and fp32_s is not None and x.shape == chunks[1].shape:
-                seconds = fp32_s  # timed while computing the reference answers
+            if mode == "fp32" and self.fp32_s is not None and self.x.shape == self.chunks[1].shape:
+                seconds = self.fp32_s  # timed while computing the reference answers
             else:
-                seconds = _time(fast, x, device, best_time[0], lazy=mode in _LAZY)
-            if seconds < best_time[0] and not eligible(mode, fast):
-                measured[mode] = None
+                seconds = _time(fast, self.x, self.device, self.best_time, lazy=mode in _LAZY)
+            if seconds < self.best_time and not self.eligible(mode, fast):
+                self.measured[mode] = None
                 return None
-            measured[mode] = seconds
+            self.measured[mode] = seconds
         finally:
-            report.build_s[mode] = _now() - t0
+            self.auto.build_s[mode] = _now() - t0
         log.info("auto: %s %.0f ms per batch of %d (built, checked and timed in %.1f s)", mode, seconds * 1e3,
-                 len(x), report.build_s[mode])
-        if seconds < best_time[0]:
-            best.clear()
-            best[mode], best_time[0] = fast, seconds
+                 len(self.x), self.auto.build_s[mode])
+        if seconds < self.best_time:
+            self.best = {mode: fast}
+            self.best_time = seconds
         return seconds
 
-    winner = autotune.cached_choice(KIND, key, cands, measure, device=device)
-    stored = {**autotune.timings(KIND, key, device=device), **measured}
-    report.timings = {c: stored[c] for c in cands if c in stored}
-    fast = best.get(winner)
-    if fast is None:
-        # cached (or autotune off): build it, and check agreement for this model's weights; fall back in time order
-        faster = sorted((c for c in cands if c != winner and stored.get(c) is not None), key=lambda c: stored[c] or 0.)
+    def choose(self) -> OptimizedModel:
+        """The winner: measured now, or stored by an earlier call (then built and checked for this model's weights,
+        falling back to the next fastest stored candidate, down to fp32)."""
+        winner = autotune.cached_choice(KIND, self.key, self.cands, self.measure, device=self.device)
+        stored = {**autotune.timings(KIND, self.key, device=self.device), **self.measured}
+        self.auto.timings = {c: stored[c] for c in self.cands if c in stored}
+        fast = self.best.get(winner)
+        if fast is not None:
+            return fast
+        faster = sorted((c for c in self.cands if c != winner and stored.get(c) is not None),
+                        key=lambda c: stored[c] or 0.0)
         for mode in [winner, *faster, *(["fp32"] if winner != "fp32" and "fp32" not in faster else [])]:
-            got = build(mode)
-            if got is not None and eligible(mode, got):
-                fast = got
-                break
+            got = self.build(mode)
+            if got is not None and self.eligible(mode, got):
+                return got
             log.info("auto: stored winner %s is not eligible for this model; trying the next", mode)
-    assert fast is not None  # fp32 always agrees with itself
-    report.chosen, report.seconds = fast.mode, _now() - start
-    fast.auto_report = report
-    times = ", ".join(f"{c} {s * 1e3:.0f} ms" if s is not None else f"{c} n/a" for c, s in report.timings.items())
-    log.info("auto (%s CPU) -> %s in %.0f s: %s per batch of %d%s", report.host_class, report.chosen,
-             report.seconds, times or "not measured", len(x),
-             f"; skipped {', '.join(report.skipped)}" if report.skipped else "")
-    return fast
+        raise AssertionError("fp32 always agrees with itself")
+
+    def report(self, fast: OptimizedModel) -> OptimizedModel:
+        """`fast` with its `auto_report`, the choice and the timings logged in one line."""
+        auto = self.auto
+        auto.chosen, auto.seconds = fast.mode, _now() - self.start
+        fast.auto_report = auto
+        times = ", ".join(f"{c} {s * 1e3:.0f} ms" if s is not None else f"{c} n/a" for c, s in auto.timings.items())
+        log.info("auto (%s CPU) -> %s in %.0f s: %s per batch of %d%s", auto.host_class, auto.chosen,
+                 auto.seconds, times or "not measured", len(self.x),
+                 f"; skipped {', '.join(auto.skipped)}" if auto.skipped else "")
+        return fast
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import BadImageWarning, build_eval_data, parse_data_spec, preprocess_of
+from ..data.preprocess import data_overrides, preprocess_arg
 from ..data.workers import skipped_summary
 from ..deploy.optimize import MODES, optimize
-from ..models.preprocess import cli_overrides, data_overrides
+from ..models.preprocess import Preprocess
 from ..perf.allocator import release_freed_memory
 from ..perf.precision import PRECISIONS, autocast, inference_precision
 from ..weights import load_model
@@ -219,17 +220,14 @@ def evaluate_checkpoint(
     device: str | None = None,
     mode: str = "fp32",
     tta: str = "none",
-    eval_resize: str | None = None,
-    crop_fraction: float | None = None,
-    normalize: str | None = None,
-    interpolation: str | None = None,
+    preprocess: Preprocess | Mapping[str, Any] | None = None,
     progress: bool = False,
+    **deprecated: Any,
 ) -> CheckpointEval:
     """Evaluate a checkpoint on `split` of the dataset `data` (a `vitlab.data.parse_data_spec` string).
 
     Images are prepared as the checkpoint says (`vitlab.models.preprocess.resolve`: its stored preprocessing, else its
-    format's convention, else a default with a warning) unless `normalize`, `eval_resize`, `crop_fraction` (which
-    implies "center_crop") or `interpolation` say otherwise.
+    format's convention, else a default with a warning) unless `preprocess` says otherwise.
 
     Args:
         checkpoint: A .safetensors written by vitlab, or anything `vitlab.load_model` reads.
@@ -239,10 +237,16 @@ def evaluate_checkpoint(
         device: "cpu" / "cuda"; None picks CUDA when available.
         mode: A `vitlab.optimize` speed mode instead of plain eager ("fp32"); the top-1 then measures that mode.
         tta: "none" or "hflip" (see `evaluate`).
+        preprocess: A whole `Preprocess`, or some of its fields over the checkpoint's own (e.g. `{"resize":
+            "center_crop", "crop_fraction": 0.875}`); None: the checkpoint's own. The dataset pipelines resize
+            bilinearly whatever `interpolation` says.
         progress: Show a progress bar over the batches.
+        deprecated: The keyword arguments `preprocess` replaces (`eval_resize`, `crop_fraction` (which implied
+            "center_crop"), `normalize`, `interpolation`): still taken, with a DeprecationWarning.
 
     Raises:
-        ValueError: Unknown mode / tta / precision, bad preprocessing values, or a class count that differs.
+        ValueError: Unknown mode / tta / precision, a bad preprocessing field or value, or a class count that
+            differs.
         FileNotFoundError, OSError: The checkpoint or the data cannot be read.
         vitlab.data.DataError: A malformed data file (or, with data strict mode, any bad image or damaged shard).
 
@@ -250,6 +254,7 @@ def evaluate_checkpoint(
         BadImageWarning: For each bad file or damaged tar member skipped, and once more when fewer samples were
             evaluated than expected (the result's `expected_samples`, `num_skipped` and `skipped` say which).
     """
+    overrides = preprocess_arg(preprocess, deprecated, "evaluate_checkpoint", resize_name="eval_resize")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if tta not in TTA_MODES:
@@ -261,9 +266,7 @@ def evaluate_checkpoint(
     model.to(dev)
     cfg = model.cfg
     # evaluate the way the weights expect their inputs (normalisation, channel expansion, eval resize)
-    overrides = cli_overrides(normalize=normalize, resize=eval_resize, crop_fraction=crop_fraction,
-                              interpolation=interpolation, in_chans=cfg.in_chans)
-    pre = preprocess_of(model, what=str(checkpoint), **overrides)
+    pre = preprocess_of(model, overrides, what=str(checkpoint))
     data_cfg = parse_data_spec(data).replace(**data_overrides(pre))
     if batch_size is None:
         batch_size = BATCH_SIZE.get(dev.type, BATCH_SIZE["cuda"])

@@ -10,14 +10,14 @@ stays flat in the number of files: only one batch of decoded images, its activat
 once, and what is kept per image is its `top_k` classes.
 
 Images are prepared as the checkpoint says (`vitlab.models.preprocess`: its stored preprocessing, else its format's
-convention, else a default with a warning), exactly as `vitlab.data.transforms_for(model)` does; the keyword
-arguments override it. Names come from the checkpoint (`vitlab train`'s "classes", a transformers or timm config's
-labels), else ImageNet-1k's for a 1000-class head.
+convention, else a default with a warning), exactly as `vitlab.data.transforms_for(model)` does; `preprocess=` (a
+`Preprocess`, or some of its fields) overrides it. Names come from the checkpoint (`vitlab train`'s "classes", a
+transformers or timm config's labels), else ImageNet-1k's for a 1000-class head.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ import torch
 
 from ..data import image_batches, preprocess_of
 from ..data.labels import class_names
+from ..data.preprocess import preprocess_arg
 from ..deploy.optimize import MODES, optimize
-from ..models.preprocess import cli_overrides
+from ..models.preprocess import Preprocess
 from ..perf.allocator import release_freed_memory
 from ..weights import hub, load_model, read_metadata
 
@@ -35,60 +36,45 @@ __all__ = ["BATCH_SIZE", "iter_predict", "predict"]
 BATCH_SIZE = 16  # images per forward pass: ViT-S/16 fp32 peaks at ~0.9 GB resident at 16, ~1.0 GB at 32
 
 
-def predict(
-    checkpoint: str | Path,
-    images: Sequence[str | Path],
-    top_k: int = 5,
-    normalize: str | None = None,
-    mode: str = "fp32",
-    *,
-    resize: str | None = None,
-    crop_fraction: float | None = None,
-    interpolation: str | None = None,
-    batch_size: int = BATCH_SIZE,
-) -> list[dict[str, Any]]:
+def predict(checkpoint: str | Path, images: Sequence[str | Path], top_k: int = 5,
+            preprocess: Preprocess | Mapping[str, Any] | None = None, mode: str = "fp32", *,
+            batch_size: int = BATCH_SIZE, **deprecated: Any) -> list[dict[str, Any]]:
     """The `top_k` most likely classes of each image.
 
     Args:
         checkpoint: Anything `vitlab.load_model` reads: a file, a folder, a registry name, `hf-hub:`, a URL.
         images: Image files (any format PIL opens).
         top_k: Classes reported per image (fewer when the head has fewer).
-        normalize: "inception" or "imagenet" pixel statistics instead of the checkpoint's.
+        preprocess: A whole `Preprocess`, or some of its fields over the checkpoint's own (e.g.
+            `{"interpolation": "bicubic"}`); None: the checkpoint's own.
         mode: One of `vitlab.deploy.optimize.MODES`; "fp32" runs the model as loaded.
-        resize: "resize" or "center_crop" instead of the checkpoint's resize.
-        crop_fraction: Share of the resized image kept by the centre crop, in (0, 1].
-        interpolation: "bilinear", "bicubic" or "nearest" instead of the checkpoint's.
         batch_size: Images decoded and classified per forward pass (memory grows with it, not with `images`).
+        deprecated: The keyword arguments `preprocess` replaces (`normalize`, also the old 4th positional argument,
+            `resize`, `crop_fraction` (which implied "center_crop"), `interpolation`): still taken, with a
+            DeprecationWarning.
 
     Returns:
         One dict per image, in order: `{"image": path, "top": [{"label", "index", "prob"}, ...]}`, most likely
         first.
 
     Raises:
-        ValueError: A bad argument (`top_k` or `batch_size` < 1, an unknown mode or preprocessing value).
+        ValueError: A bad argument (`top_k` or `batch_size` < 1, an unknown mode, a bad preprocessing field or
+            value).
         FileNotFoundError: The checkpoint does not exist.
         vitlab.data.BadImageError: An image is missing (before any is classified) or cannot be decoded.
         vitlab.weights.WeightsError: The checkpoint cannot be read.
     """
-    return list(iter_predict(checkpoint, images, top_k, normalize, mode, resize=resize, crop_fraction=crop_fraction,
-                             interpolation=interpolation, batch_size=batch_size))
+    overrides = preprocess_arg(preprocess, deprecated, "predict")
+    return list(iter_predict(checkpoint, images, top_k, overrides, mode, batch_size=batch_size))
 
 
-def iter_predict(
-    checkpoint: str | Path,
-    images: Sequence[str | Path],
-    top_k: int = 5,
-    normalize: str | None = None,
-    mode: str = "fp32",
-    *,
-    resize: str | None = None,
-    crop_fraction: float | None = None,
-    interpolation: str | None = None,
-    batch_size: int = BATCH_SIZE,
-) -> Iterator[dict[str, Any]]:
+def iter_predict(checkpoint: str | Path, images: Sequence[str | Path], top_k: int = 5,
+                 preprocess: Preprocess | Mapping[str, Any] | None = None, mode: str = "fp32", *,
+                 batch_size: int = BATCH_SIZE, **deprecated: Any) -> Iterator[dict[str, Any]]:
     """`predict`, one result at a time, in order; each batch of `batch_size` images is decoded and classified when
     its first result is asked for. The arguments are checked, the model loaded and every path checked to exist
     when this is called, before the first result."""
+    overrides = preprocess_arg(preprocess, deprecated, "iter_predict")
     if top_k < 1:
         raise ValueError(f"top_k (--top-k) must be >= 1, got {top_k}")
     if batch_size < 1:
@@ -102,9 +88,7 @@ def iter_predict(
     if entry is not None and getattr(entry, "labels", None):
         meta.setdefault("labels", entry.labels)
     classes = class_names(meta, model.cfg.num_classes)
-    overrides = cli_overrides(normalize=normalize, resize=resize, crop_fraction=crop_fraction,
-                              interpolation=interpolation, in_chans=model.cfg.in_chans)
-    pre = preprocess_of(model, what=str(checkpoint), **overrides)
+    pre = preprocess_of(model, overrides, what=str(checkpoint))
     batches = image_batches(paths, batch_size, img_size=pre.img_size, in_chans=model.cfg.in_chans, preprocess=pre)
     net = optimize(model, mode) if mode != "fp32" else model.eval()
     return _results(net, batches, paths, classes, top_k)

@@ -356,18 +356,6 @@ class ResNetV2(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def create_resnet(name: str | ResNetConfig, **overrides: Any) -> ResNetV2:
-    """A BiT ResNet from a variant name or a ResNetConfig, any config field overridden.
-
-    Example:
-        >>> model = create_resnet("BiT-R26x1", width=16, img_size=28, in_chans=1, num_classes=10)
-        >>> model(torch.zeros(2, 1, 28, 28)).shape
-        torch.Size([2, 10])
-    """
-    cfg = name.replace(**overrides) if isinstance(name, ResNetConfig) else ResNetConfig.from_name(name, **overrides)
-    return ResNetV2(cfg)
-
-
 def count_params(cfg: ResNetConfig) -> int:
     """Exact trainable parameter count of `ResNetV2(cfg)`, without building it."""
     w = cfg.width
@@ -415,4 +403,4 @@ def count_flops(cfg: ResNetConfig, img_size: int | tuple[int, int] | None = None
 
 
 __all__ = ["VARIANTS", "ResNetConfig", "ResNetV2", "canonical_name", "config_from_dict", "config_from_name",
-           "count_flops", "count_params", "create_resnet", "feature_side"]
+           "count_flops", "count_params", "feature_side"]

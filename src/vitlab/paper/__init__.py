@@ -14,6 +14,9 @@ errors (`vitlab.paper.stats`); `vitlab.paper.forecast` predicts the training tim
 
     from vitlab.paper import reproduce
     page = reproduce("data-scale", "runs/paper", quick=True)
+
+`vitlab demo` (`vitlab.paper.demo`, the paper's story in minutes) runs through the same code: its training steps are
+sub-runs, its transfer is the transfer experiment's task, its page this report (`vitlab.paper.demo_page`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .machine import machine_summary
+from ..perf.cpu import machine_summary
 from .report import write_report
 
 EXPERIMENTS = ("data-scale", "transfer", "resolution", "inside")

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def figure(w: float, h: float) -> Figure:
-    with needs("paper", "the reproduce report's figures"):
+    with needs("paper", "the figures of the reproduce and demo reports"):
         from matplotlib.figure import Figure
 
     return Figure(figsize=(w, h), dpi=100, layout="constrained")

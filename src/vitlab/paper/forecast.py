@@ -30,7 +30,7 @@ def forecast(name: str, out: str | Path, *, quick: bool = False, seeds: int = 1)
     mod = experiment_module(name)
     out = Path(out)
     exp_dir = out / name
-    if not hasattr(mod, "planned_jobs"):
+    if not hasattr(mod, "plan"):
         return {"experiment": name, "seeds": seeds, "runs": 0, "runs_left": 0, "predicted_min": 0.0, "left_min": 0.0,
                 "seconds_per_step": {}, "jobs": [],
                 "note": "analysis of the other experiments' models only (trains a ViT only when none exists)"}
@@ -40,7 +40,7 @@ def forecast(name: str, out: str | Path, *, quick: bool = False, seeds: int = 1)
         settings = mod.Settings.for_run(quick)
     timings: dict[str, float] = {}
     jobs, total, left, n_runs, n_left = [], 0.0, 0.0, 0, 0
-    for base, job, per_seed in mod.planned_jobs(settings):
+    for base, job, per_seed in settings.planned_jobs():
         if job.key() not in timings:
             timings[job.key()] = step_seconds(job.model, job.batch_size, job.num_classes)
         minutes = job.steps * timings[job.key()] / 60.0

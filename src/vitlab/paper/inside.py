@@ -37,6 +37,14 @@ from .upstream import DIR, UPSTREAM_CLASSES
 NAME = "inside"
 LOW_FREQ_MARGIN = 0.1  # the filters count as smooth when their low-frequency share beats random filters' by this
 OBJECT_RATIO = 1.1  # rollout counts as "on the object" when its mass there exceeds the object's area share by 10%
+# The paper's statement behind each of `vitlab.analysis.findings` (`vitlab demo`'s page states them too)
+FINDINGS = {
+    "pos_embed_2d": "Fig. 7 centre: the position embeddings learn the 2-D image topology: closer patches have more "
+                    "similar embeddings, with a row-column structure",
+    "distance_grows_with_depth": "Fig. 7 right: the attention distance increases with network depth",
+    "early_local_and_global": "Fig. 7 right: some heads attend to most of the image already in the lowest layers, "
+                              "others stay local",
+}
 TREND_MARGIN = 0.05  # Raghu et al.'s trend counts when the most local low-layer head moves by 5% of uniform's distance
 
 
@@ -221,33 +229,26 @@ def claims(result: dict[str, Any]) -> list[Claim]:
                      f"initialisation)" + ("" if ok else f"; {why['filters']}"),
             verdict="yes" if ok else "no",
             numbers={"low_frequency": lf, "low_frequency_random": lfr, "low_frequency_init": lf0}))
+
+    def finding(key: str, measured: str, because: str, numbers: dict[str, Any]) -> None:
+        """One of `vitlab.analysis.findings` as a claim (`FINDINGS`); where it does not hold, `because` follows."""
+        ok = bool(m["findings"].get(key, False))
+        out.append(Claim(paper=FINDINGS[key], measured=measured + ("" if ok else f"; {because}"),
+                         verdict="yes" if ok else "no", numbers=numbers))
+
     if "pos_neighbour_minus_far" in m:
-        ok = m["findings"].get("pos_embed_2d", False)
-        out.append(Claim(
-            paper="Fig. 7 centre: the position embeddings learn the 2-D image topology: closer patches have more "
-                  "similar embeddings, with a row-column structure",
-            measured=f"neighbour minus far-pair cosine similarity {m['pos_neighbour_minus_far']:.3f}, correlation "
-                     f"with grid distance {m['pos_correlation']:.3f}" + ("" if ok else f"; {why['pos']}"),
-            verdict="yes" if ok else "no",
-            numbers={"neighbour_minus_far": m["pos_neighbour_minus_far"], "correlation": m["pos_correlation"]}))
-    ok = m["findings"]["distance_grows_with_depth"]
-    out.append(Claim(
-        paper="Fig. 7 right: the attention distance increases with network depth",
-        measured=f"last-third minus first-third layer mean distance {100 * m['distance_rise']:+.0f}% of uniform "
-                 f"attention's, Spearman(layer, distance) {m['distance_spearman']:.2f}"
-                 + ("" if ok else f"; {why['depth']}"),
-        verdict="yes" if ok else "no",
-        numbers={"distance_rise": m["distance_rise"], "spearman": m["distance_spearman"]}))
-    ok = m["findings"]["early_local_and_global"]
-    out.append(Claim(
-        paper="Fig. 7 right: some heads attend to most of the image already in the lowest layers, others stay "
-              "local",
-        measured=f"lowest layers' heads span {100 * m['early_min_share']:.0f}% to {100 * m['early_max_share']:.0f}% "
-                 f"of uniform attention's distance (local below 25%, global above 75%)"
-                 + ("" if ok else "; Raghu et al. 2021 explain missing local heads by too little training data: "
-                    "tested in the next row"),
-        verdict="yes" if ok else "no",
-        numbers={"early_min_share": m["early_min_share"], "early_max_share": m["early_max_share"]}))
+        finding("pos_embed_2d", f"neighbour minus far-pair cosine similarity {m['pos_neighbour_minus_far']:.3f}, "
+                                f"correlation with grid distance {m['pos_correlation']:.3f}", why["pos"],
+                {"neighbour_minus_far": m["pos_neighbour_minus_far"], "correlation": m["pos_correlation"]})
+    finding("distance_grows_with_depth",
+            f"last-third minus first-third layer mean distance {100 * m['distance_rise']:+.0f}% of uniform "
+            f"attention's, Spearman(layer, distance) {m['distance_spearman']:.2f}", why["depth"],
+            {"distance_rise": m["distance_rise"], "spearman": m["distance_spearman"]})
+    finding("early_local_and_global",
+            f"lowest layers' heads span {100 * m['early_min_share']:.0f}% to {100 * m['early_max_share']:.0f}% of "
+            "uniform attention's distance (local below 25%, global above 75%)",
+            "Raghu et al. 2021 explain missing local heads by too little training data: tested in the next row",
+            {"early_min_share": m["early_min_share"], "early_max_share": m["early_max_share"]})
     trend = data_trend(result)
     if trend is not None:
         falls = trend["spearman_min"] < 0 and trend["min_share"][-1] < trend["min_share"][0] - TREND_MARGIN

@@ -66,13 +66,15 @@ def pretrain_recipe(model: dict[str, Any], data: dict[str, Any], *, steps: int, 
     if lr is not None:
         d["optim"]["lr"] = lr
     d["train"].update(steps=steps, batch_size=batch_size, seed=seed, precision="fp32", log_every=max(1, steps // 20),
-                      checkpoint_every=max(1, steps // 4), keep_checkpoints=1, eval_batch_size=500,
-                      eval_max_samples=eval_samples, early_stop_every=early_stop_every)
+                      checkpoint_every=max(1, steps // 4), keep_checkpoints=1)
+    evals = d["train"]["evaluators"]
+    evals["eval"].update(batch_size=500, max_samples=eval_samples)
     if early_stop_every:
-        d["train"].update(early_stop_patience_epochs=early_stop_patience_epochs, early_stop_metric=early_stop_metric,
-                          early_stop_smoothing=early_stop_smoothing)
+        evals["early_stop"] = {"type": "early_stop", "every": early_stop_every, "batch_size": 500,
+                               "patience_epochs": early_stop_patience_epochs, "metric": early_stop_metric,
+                               "smoothing": early_stop_smoothing}
     if fewshot is not None:
-        d["train"]["evaluators"] = [{"kind": "fewshot", "name": "fewshot", **fewshot}]
+        evals["fewshot"] = {"type": "fewshot", "batch_size": 500, **fewshot}
     return Recipe.from_dict(d)
 
 
@@ -86,7 +88,7 @@ def finetune_recipe(model: dict[str, Any], data: dict[str, Any], *, init: str, s
     d["optim"]["lr"] = lr
     d["schedule"]["warmup_steps"] = warmup
     d["train"].update(steps=steps, batch_size=batch_size, precision="fp32", log_every=max(1, steps // 20),
-                      checkpoint_every=max(1, steps // 4), keep_checkpoints=1, eval_batch_size=500,
-                      eval_max_samples=eval_samples, seed=seed)
+                      checkpoint_every=max(1, steps // 4), keep_checkpoints=1, seed=seed)
+    d["train"]["evaluators"]["eval"].update(batch_size=500, max_samples=eval_samples)
     d["init"] = {"checkpoint": str(init), "drop_head": drop_head, "pos_embed_resize": pos_embed_resize}
     return Recipe.from_dict(d)

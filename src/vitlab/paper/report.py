@@ -1,6 +1,6 @@
 """An experiment's report: `result.json` (every number), one PNG per figure and `report.html`, a self-contained page
 (the PNGs inlined, as `vitlab analyze`'s page: `vitlab.analysis.page`) with the paper's claims beside our
-measurements at the top.
+measurements at the top. `vitlab demo`'s page is one too (`vitlab.paper.demo_page`; its numbers in demo.json).
 """
 
 from __future__ import annotations
@@ -93,15 +93,15 @@ def html_page(title: str, intro: str, claims: list[Claim], tables: list[tuple[st
 
 def write_report(out_dir: Path, *, title: str, intro: str, claims: list[Claim],
                  tables: list[tuple[str, list[str], list[list[str]]]], parts: list[Section],
-                 result: dict[str, Any]) -> Path:
-    """Write result.json (with the claims), each figure's PNG and JSON, and report.html; returns report.html's path.
-    Files are replaced: the report always shows the experiment's current state."""
+                 result: dict[str, Any], result_name: str = "result.json") -> Path:
+    """Write `result_name` (every number of `result`, with the claims), each figure's PNG and JSON, and report.html;
+    returns report.html's path. Files are replaced: the report always shows the experiment's current state."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for sec in parts:
         write_atomic(out_dir / f"{sec.stem}.png", sec.png, overwrite=True)
         write_atomic(out_dir / f"{sec.stem}.json", json.dumps(finite(sec.data), indent=1), overwrite=True)
     full = {**{k: v for k, v in result.items() if not k.startswith("_")}, "claims": [c.to_dict() for c in claims]}
-    write_atomic(out_dir / "result.json", json.dumps(finite(full), indent=2, allow_nan=False), overwrite=True)
+    write_atomic(out_dir / result_name, json.dumps(finite(full), indent=2, allow_nan=False), overwrite=True)
     page = out_dir / "report.html"
     write_atomic(page, html_page(title, intro, claims, tables, parts), overwrite=True)
     return page

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from .budget import Job, budget_factor, scale_steps
-from .plan import load_or_make_plan
+from .budget import Job, scale_steps
+from .plan import ExperimentSettings, make_plan
 from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
 from .stats import Estimate, arm, combine, difference, pct_se, points, seed_name, verdict
@@ -50,8 +50,8 @@ TARGET_GAIN = 0.01  # the issue's bar: at least +1 point over continuing at the 
 
 
 @dataclass
-class Settings:
-    """What the experiment runs.
+class Settings(ExperimentSettings):
+    """What the experiment runs (and `eval_samples`, `quick`: `ExperimentSettings`).
 
     Attributes:
         low_size: The pre-training resolution (Fashion-MNIST downsampled; a multiple of the 4-pixel patch).
@@ -60,8 +60,6 @@ class Settings:
         pre_steps, pre_batch, pre_warmup: The pre-training at `low_size` (AdamW, the shipped recipe).
         steps, batch_size, warmup, lr: Every fine-tuning run and the control (SGD, the paper's recipe; the head is
             kept: same classes).
-        eval_samples: Test images scored (None: the whole test split).
-        quick: Tiny models on synthetic data.
     """
 
     low_size: int = 16
@@ -74,36 +72,26 @@ class Settings:
     batch_size: int = 128
     warmup: int = 100
     lr: float = 0.1
-    eval_samples: int | None = None
-    quick: bool = False
 
-    @classmethod
-    def for_run(cls, quick: bool) -> Settings:
-        if quick:
-            return cls(modes=["bicubic", "bilinear"], pre_steps=4, pre_batch=16, pre_warmup=1, steps=3, batch_size=16,
-                       warmup=1, eval_samples=100, quick=True)
-        return cls()
+    QUICK: ClassVar[dict[str, Any]] = dict(modes=["bicubic", "bilinear"], pre_steps=4, pre_batch=16, pre_warmup=1,
+                                           steps=3, batch_size=16, warmup=1, eval_samples=100)
 
+    def planned_jobs(self) -> list[tuple[str, Job, bool]]:
+        """The shared pre-training, then the compared arms (the control and a fine-tuning per mode), per seed."""
+        low, high = model_section("vit", self.quick, self.low_size), model_section("vit", self.quick, self.size)
+        jobs = [(f"pretrain-{self.low_size}px", Job(low, self.pre_batch, self.pre_steps), False),
+                (f"continue-{self.low_size}px", Job(low, self.batch_size, self.steps), True)]
+        return jobs + [(f"finetune-{self.size}px-{m}", Job(high, self.batch_size, self.steps), True)
+                       for m in self.modes]
 
-def planned_jobs(s: Settings) -> list[tuple[str, Job, bool]]:
-    """(sub-run name, budget job, repeated per seed): the shared pre-training, then the compared arms."""
-    low, high = model_section("vit", s.quick, s.low_size), model_section("vit", s.quick, s.size)
-    jobs = [(f"pretrain-{s.low_size}px", Job(low, s.pre_batch, s.pre_steps), False),
-            (f"continue-{s.low_size}px", Job(low, s.batch_size, s.steps), True)]
-    return jobs + [(f"finetune-{s.size}px-{m}", Job(high, s.batch_size, s.steps), True) for m in s.modes]
+    def scale(self, factor: float) -> None:
+        self.steps, self.pre_steps = scale_steps(self.steps, factor), scale_steps(self.pre_steps, factor)
+        self.warmup = max(1, min(self.warmup, self.steps // 10))
+        self.pre_warmup = max(1, min(self.pre_warmup, self.pre_steps // 10))
 
 
 def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings, dict[str, Any]]:
-    def make() -> tuple[Settings, dict[str, Any]]:
-        s = Settings.for_run(quick)
-        if budget_min is None:
-            return s, {}
-        factor, probe = budget_factor([j for _, j, _ in planned_jobs(s)], budget_min)
-        s.steps, s.pre_steps = scale_steps(s.steps, factor), scale_steps(s.pre_steps, factor)
-        s.warmup, s.pre_warmup = max(1, min(s.warmup, s.steps // 10)), max(1, min(s.pre_warmup, s.pre_steps // 10))
-        return s, probe
-
-    return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)
+    return make_plan(exp_dir, NAME, Settings, quick=quick, budget_min=budget_min)
 
 
 def _eval_resized(model_path: str, size: int, mode: str, data: dict[str, Any], eval_samples: int | None) -> float:

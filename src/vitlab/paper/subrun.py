@@ -42,6 +42,8 @@ class SubRunResult:
         test_images: Images `top1` was measured on.
         early_stop: With early stopping: the run's report of it (rule, val images and standard error, curve, best,
             stop point; `vitlab.train.early_stop.summary`); None without.
+        precision: What the training ran in ("fp32", "bf16"; `train.precision: auto` resolved).
+        images_per_s: The median training speed (None when not measured).
     """
 
     name: str
@@ -57,13 +59,15 @@ class SubRunResult:
     best_val_top1: float | None = None
     test_images: int | None = None
     early_stop: dict[str, Any] | None = None
+    precision: str = ""
+    images_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "run_dir": self.run_dir, "status": self.status, "top1": self.top1,
                 "steps": self.steps, "images_seen": self.images_seen, "train_time_s": self.train_time_s,
                 "evaluators": self.evaluators, "model": self.model, "best_step": self.best_step,
                 "best_val_top1": self.best_val_top1, "test_images": self.test_images,
-                "early_stop": self.early_stop}
+                "early_stop": self.early_stop, "precision": self.precision, "images_per_s": self.images_per_s}
 
 
 def finished(run_dir: Path) -> bool:
@@ -88,7 +92,8 @@ def _read(name: str, run_dir: Path, status: str) -> SubRunResult:
                         train_time_s=float(report.get("train_time_s", 0.0)),
                         evaluators=dict(report.get("evaluators") or {}), model=str(run_dir / "model.safetensors"),
                         best_step=report.get("best_step"), best_val_top1=report.get("best_val_top1"),
-                        test_images=ev.get("num_samples"), early_stop=report.get("early_stop"))
+                        test_images=ev.get("num_samples"), early_stop=report.get("early_stop"),
+                        precision=str(report.get("precision", "")), images_per_s=report.get("images_per_s"))
 
 
 def run_or_resume(name: str, recipe: Recipe, run_dir: str | Path, *, progress: bool = False) -> SubRunResult:

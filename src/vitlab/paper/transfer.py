@@ -26,31 +26,34 @@ errors above zero (`vitlab.paper.stats`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..analysis.fewshot import extract_features, fewshot_evaluate, fit_ridge
 from ..data import DataConfig, build_eval_data
+from ..train.recipe import Recipe
 from ..weights import load_model
-from .budget import Job, budget_factor, scale_steps
+from .budget import Job, scale_steps
 from .figures import bar_groups
-from .plan import load_or_make_plan
+from .plan import ExperimentSettings, make_plan
 from .recipes import data_section, finetune_recipe, model_section, pretrain_recipe
 from .report import Claim, Section, pct, png_bytes
 from .stats import Estimate, arm, combine, difference, pct_se, points, seed_name, verdict
-from .subrun import run_or_resume
+from .subrun import SubRunResult, run_or_resume
 from .upstream import HELD_OUT_CLASSES, UPSTREAM_CLASSES, ensure_upstream, upstream_recipe
 
 NAME = "transfer"
+ARMS = ("finetune", "scratch")  # the compared arms: the upstream model fine-tuned, the same model from scratch
 TASKS = {"fmnist-heldout": "Fashion-MNIST, 4 classes held out of pre-training", "digits": "UCI handwritten digits"}
 
 
 @dataclass
-class Settings:
-    """What the experiment runs.
+class Settings(ExperimentSettings):
+    """What the experiment runs (and `eval_samples`, `quick`: `ExperimentSettings`).
 
     Attributes:
         upstream_steps, upstream_batch, upstream_warmup: The pre-training (OUT/upstream).
@@ -64,8 +67,7 @@ class Settings:
         scratch_lr: AdamW learning rate of training from scratch: 4e-3, the best of {1e-3, 2e-3 (the shipped
             recipe's), 4e-3, 8e-3} in our exploration, so that the baseline is a tuned one (docs/paper.md).
         probe_seeds: Draws of the shots for the linear probe.
-        eval_samples: Test images scored per task (None: all).
-        quick: Tiny models on synthetic data (the pipeline, not the finding).
+        tasks: The downstream tasks (`TASKS`).
     """
 
     upstream_steps: int = 4200  # 15 epochs; 5 left scratch ahead on the digits at 25 and all labels (docstring)
@@ -79,16 +81,11 @@ class Settings:
     finetune_lr: float = 0.1
     scratch_lr: float | None = 4e-3
     probe_seeds: int = 5
-    eval_samples: int | None = None
     tasks: list[str] = field(default_factory=lambda: list(TASKS))
-    quick: bool = False
 
-    @classmethod
-    def for_run(cls, quick: bool) -> Settings:
-        if quick:
-            return cls(upstream_steps=4, upstream_batch=16, upstream_warmup=1, labels=[1, None], epochs=2.0,
-                       max_steps=4, min_steps=2, batch_size=16, probe_seeds=2, eval_samples=100, quick=True)
-        return cls()
+    QUICK: ClassVar[dict[str, Any]] = dict(upstream_steps=4, upstream_batch=16, upstream_warmup=1, labels=[1, None],
+                                           epochs=2.0, max_steps=4, min_steps=2, batch_size=16, probe_seeds=2,
+                                           eval_samples=100)
 
     def finetune_lr_at(self, batch: int) -> float:
         """The fine-tuning learning rate for a batch of `batch` images (linear scaling)."""
@@ -98,6 +95,23 @@ class Settings:
         """Steps of one downstream run on `images` labelled images."""
         batch = min(self.batch_size, images)
         return min(self.max_steps, max(self.min_steps, math.ceil(self.epochs * images / batch)))
+
+    def planned_jobs(self) -> list[tuple[str, Job, bool]]:
+        """The shared upstream, then fine-tuning and scratch per task and label count, per seed."""
+        vit = model_section("vit", self.quick)
+        jobs = [("../upstream", Job(vit, self.upstream_batch, self.upstream_steps, len(UPSTREAM_CLASSES)), False)]
+        for t in self.tasks:
+            for k in self.labels:
+                n = train_images(t, self.quick, k)
+                job = Job(vit, min(self.batch_size, n), self.steps(n), _num_classes(t))
+                jobs += [(f"{t}-{how}-{label_name(k)}", job, True) for how in ARMS]
+        return jobs
+
+    def scale(self, factor: float) -> None:
+        self.upstream_steps = scale_steps(self.upstream_steps, factor)
+        self.upstream_warmup = max(1, min(self.upstream_warmup, self.upstream_steps // 10))
+        self.epochs *= factor
+        self.max_steps, self.min_steps = scale_steps(self.max_steps, factor), scale_steps(self.min_steps, factor)
 
 
 def task_data(task: str, quick: bool, labels: int | None) -> dict[str, Any]:
@@ -121,35 +135,13 @@ def train_images(task: str, quick: bool, labels: int | None) -> int:
                            batch_size=500).num_samples
 
 
-def _label_name(labels: int | None) -> str:
+def label_name(labels: int | None) -> str:
+    """A label budget as the sub-runs and tables name it: "10", or "all" (None: every training image)."""
     return "all" if labels is None else str(labels)
 
 
-def planned_jobs(s: Settings) -> list[tuple[str, Job, bool]]:
-    """(sub-run name, budget job, repeated per seed): the shared upstream, then fine-tuning and scratch."""
-    vit = model_section("vit", s.quick)
-    jobs = [("../upstream", Job(vit, s.upstream_batch, s.upstream_steps, len(UPSTREAM_CLASSES)), False)]
-    for t in s.tasks:
-        for k in s.labels:
-            n = train_images(t, s.quick, k)
-            job = Job(vit, min(s.batch_size, n), s.steps(n), _num_classes(t))
-            jobs += [(f"{t}-{how}-{_label_name(k)}", job, True) for how in ("finetune", "scratch")]
-    return jobs
-
-
 def plan(exp_dir: Path, quick: bool, budget_min: float | None) -> tuple[Settings, dict[str, Any]]:
-    def make() -> tuple[Settings, dict[str, Any]]:
-        s = Settings.for_run(quick)
-        if budget_min is None:
-            return s, {}
-        factor, probe = budget_factor([j for _, j, _ in planned_jobs(s)], budget_min)
-        s.upstream_steps = scale_steps(s.upstream_steps, factor)
-        s.upstream_warmup = max(1, min(s.upstream_warmup, s.upstream_steps // 10))
-        s.epochs *= factor
-        s.max_steps, s.min_steps = scale_steps(s.max_steps, factor), scale_steps(s.min_steps, factor)
-        return s, probe
-
-    return load_or_make_plan(exp_dir, NAME, quick=quick, budget_min=budget_min, make=make, settings_cls=Settings)
+    return make_plan(exp_dir, NAME, Settings, quick=quick, budget_min=budget_min)
 
 
 def _probe(model_path: str, task: str, s: Settings) -> dict[str, Any]:
@@ -175,44 +167,69 @@ def _probe(model_path: str, task: str, s: Settings) -> dict[str, Any]:
     return out
 
 
+def finetune_vs_scratch(exp_dir: Path, arm_name: Callable[[str], str], recipe: Callable[[str, int], Recipe],
+                        seeds: int, *, progress: bool = False) -> dict[str, list[SubRunResult]]:
+    """The transfer task at one label budget: fine-tuning the upstream model against training the same model from
+    scratch on the same labelled images (`run` here, and `vitlab demo`'s transfer to the digits). Seed by seed
+    (0 .. seeds - 1), fine-tuning then scratch, each a resumable sub-run (`run_or_resume`) of `recipe(arm, seed)` in
+    `exp_dir / seed_name(arm_name(arm), seed)`.
+
+    Returns:
+        {arm: [its sub-run per seed]} for each arm of `ARMS`.
+    """
+    got: dict[str, list[SubRunResult]] = {how: [] for how in ARMS}
+    for seed in range(seeds):
+        for how in ARMS:
+            name = seed_name(arm_name(how), seed)
+            got[how].append(run_or_resume(name, recipe(how, seed), exp_dir / name, progress=progress))
+    return got
+
+
+def _downstream(s: Settings, data: dict[str, Any], upstream: str, images: int) -> Callable[[str, int], Recipe]:
+    """The recipe of each arm and seed on `images` labelled images: fine-tuning `upstream` with a zero head (the
+    paper's SGD), or the same model from scratch (AdamW), the same steps and batch."""
+    vit = model_section("vit", s.quick)
+    bs, steps = min(s.batch_size, images), s.steps(images)
+    warmup = max(1, steps // 10)
+
+    def recipe(how: str, seed: int) -> Recipe:
+        if how == "finetune":
+            return finetune_recipe(vit, data, init=upstream, steps=steps, batch_size=bs, warmup=warmup,
+                                   lr=s.finetune_lr_at(bs), drop_head=True, eval_samples=s.eval_samples, seed=seed)
+        return pretrain_recipe(vit, data, steps=steps, batch_size=bs, warmup=warmup, eval_samples=s.eval_samples,
+                               lr=s.scratch_lr, seed=seed)
+
+    return recipe
+
+
 def run(out: Path, *, quick: bool = False, budget_min: float | None = None, progress: bool = False,
         seeds: int = 1) -> dict[str, Any]:
     exp_dir = out / NAME
     s, probe = plan(exp_dir, quick, budget_min)
     up = ensure_upstream(out, upstream_recipe(quick, s.upstream_steps, s.upstream_batch, s.upstream_warmup,
                                               s.eval_samples), progress=progress)
-    vit = model_section("vit", quick)
     runs: dict[str, dict[str, Any]] = {"upstream": up.to_dict()}
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for task in s.tasks:
         table[task] = {}
         probes = _probe(up.model, task, s)
         for labels in s.labels:
-            data = task_data(task, quick, labels)
-            n = train_images(task, quick, labels)
-            bs, steps = min(s.batch_size, n), s.steps(n)
-            warmup = max(1, steps // 10)
-            name = _label_name(labels)
-            got: dict[str, list[float]] = {"finetune": [], "scratch": []}
-            test_images = None
+            n, name = train_images(task, quick, labels), label_name(labels)
+            got = finetune_vs_scratch(exp_dir, f"{task}-{{}}-{name}".format,
+                                      _downstream(s, task_data(task, quick, labels), up.model, n), seeds,
+                                      progress=progress)
             for seed in range(seeds):
-                ft_name, sc_name = (seed_name(f"{task}-{how}-{name}", seed) for how in ("finetune", "scratch"))
-                ft = run_or_resume(ft_name, finetune_recipe(
-                    vit, data, init=up.model, steps=steps, batch_size=bs, warmup=warmup, lr=s.finetune_lr_at(bs),
-                    drop_head=True, eval_samples=s.eval_samples, seed=seed), exp_dir / ft_name, progress=progress)
-                sc = run_or_resume(sc_name, pretrain_recipe(
-                    vit, data, steps=steps, batch_size=bs, warmup=warmup, eval_samples=s.eval_samples,
-                    lr=s.scratch_lr, seed=seed), exp_dir / sc_name, progress=progress)
-                runs[ft.name] = {**ft.to_dict(), "arm": f"{task}-finetune-{name}", "seed": seed}
-                runs[sc.name] = {**sc.to_dict(), "arm": f"{task}-scratch-{name}", "seed": seed}
-                got["finetune"].append(ft.top1)
-                got["scratch"].append(sc.top1)
-                test_images = ft.test_images
-            table[task][name] = {"finetune": sum(got["finetune"]) / seeds, "scratch": sum(got["scratch"]) / seeds,
-                                 "finetune_seeds": got["finetune"], "scratch_seeds": got["scratch"],
-                                 "test_images": test_images, "images": n, "steps": steps,
-                                 "epochs": steps * bs / n, "probe": (probes.get(name) or {}).get("mean"),
-                                 "probe_std": (probes.get(name) or {}).get("std")}
+                for how in ARMS:
+                    r = got[how][seed]
+                    runs[r.name] = {**r.to_dict(), "arm": f"{task}-{how}-{name}", "seed": seed}
+            tops = {how: [r.top1 for r in got[how]] for how in ARMS}
+            steps = s.steps(n)
+            pr = probes.get(name) or {}
+            table[task][name] = {"finetune": sum(tops["finetune"]) / seeds, "scratch": sum(tops["scratch"]) / seeds,
+                                 "finetune_seeds": tops["finetune"], "scratch_seeds": tops["scratch"],
+                                 "test_images": got["finetune"][-1].test_images, "images": n, "steps": steps,
+                                 "epochs": steps * min(s.batch_size, n) / n, "probe": pr.get("mean"),
+                                 "probe_std": pr.get("std")}
     return {"experiment": NAME, "settings": s.__dict__, "budget": probe, "runs": runs, "table": table,
             "upstream": {"top1": up.top1, "steps": up.steps, "classes": "Fashion-MNIST 0-5"}, "seeds": seeds}
 

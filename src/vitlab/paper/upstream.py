@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..train.recipe import Recipe, load_recipe
+from ..train.recipe import Recipe
+from ..train.rundir import read_run_recipe
 from .recipes import data_section, model_section, pretrain_recipe
 from .subrun import SubRunResult, run_or_resume
 
@@ -31,7 +32,7 @@ def ensure_upstream(out: Path, recipe: Recipe, *, progress: bool = False) -> Sub
     """Train (or resume, or read back) the upstream run in OUT/upstream; an existing one keeps its own recipe."""
     run_dir = out / DIR
     if (run_dir / "recipe.yaml").is_file():
-        saved = load_recipe(run_dir / "recipe.yaml")
+        saved = read_run_recipe(run_dir / "recipe.yaml")  # one written before train.evaluators reads too
         if saved.model.to_dict() != recipe.model.to_dict() or saved.data != recipe.data:
             raise ValueError(f"{run_dir} holds a pre-training of another model or data (one made by --quick, or by "
                              f"another version); choose another --out")

@@ -1,7 +1,8 @@
 """What makes this machine fast, measured rather than assumed; torch is imported only when a function runs
 (`linear` excepted: it defines a torch op).
 
-    cpu         this CPU's flags and host class (AVX2 / AVX-512 / AVX-512+VNNI / AMX), the one /proc/cpuinfo reader
+    cpu         this CPU's flags and host class (AVX2 / AVX-512 / AVX-512+VNNI / AMX), the one /proc/cpuinfo reader,
+                and the one summary of the machine a result was measured on (`machine_summary`)
     autotune    measured choices cached per machine ($VITLAB_CACHE/autotune.json)
     precision   `precision: auto` (fp32 or bf16, measured), autocast, and vitlab's one timer (`time_rounds`)
     linear      row-major weight-gradient GEMMs for compiled bf16 training on AMX (`rowmajor_weight_grads`)

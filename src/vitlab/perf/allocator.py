@@ -28,25 +28,34 @@ _MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # glibc's ceiling on 64-bit (DEFAULT_MMA
 
 
 @functools.cache
-def keep_freed_memory() -> bool:
-    """Tune glibc malloc for repeated large allocations; True when applied. A no-op (False) off Linux/glibc,
-    or when the user already set MALLOC_MMAP_THRESHOLD_ (their choice wins)."""
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
+def _libc_function(name: str) -> Any:
+    """glibc's `name` (mallopt, malloc_trim), or None off Linux or without glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    lib = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others have no mallopt
+        return getattr(ctypes.CDLL(lib), name) if lib else None
+    except (OSError, AttributeError):  # musl and others have no mallopt / malloc_trim
+        return None
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """Apply glibc mallopt (parameter, value) pairs; True when every one was accepted. Nothing when the user set
+    MALLOC_MMAP_THRESHOLD_ (their choice of allocator settings wins)."""
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    ok = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) == 1
-    ok = mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1 and ok
-    ok = mallopt(_M_TOP_PAD, 64 * 1024 * 1024) == 1 and ok
-    return ok
+    return all([mallopt(param, value) == 1 for param, value in settings])
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Tune glibc malloc for repeated large allocations; True when applied. A no-op (False) off Linux/glibc,
+    or when the user already set MALLOC_MMAP_THRESHOLD_ (their choice wins)."""
+    return _mallopt((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, 2**31 - 1),
+                    (_M_TOP_PAD, 64 * 1024 * 1024))
 
 
 _INFERENCE_MMAP_THRESHOLD = 256 * 1024
@@ -61,34 +70,7 @@ def bounded_heap() -> bool:
     blocks from the heap: ViT-S/16 eval at batch 16 peaked ~95 MiB higher (975 against 882 MiB, 4,000 images). True
     when applied; a no-op (False) off Linux/glibc or when MALLOC_MMAP_THRESHOLD_ is set (the user's choice wins).
     Set once per process by the commands, never by library calls."""
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return mallopt(_M_MMAP_THRESHOLD, _INFERENCE_MMAP_THRESHOLD) == 1
-
-
-@functools.cache
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None (not Linux glibc)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # musl and others have no malloc_trim
-        return None
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim.restype = ctypes.c_int
-    return trim
+    return _mallopt((_M_MMAP_THRESHOLD, _INFERENCE_MMAP_THRESHOLD))
 
 
 def release_freed_memory() -> bool:
@@ -97,5 +79,10 @@ def release_freed_memory() -> bool:
     autocast's weight copies among them), and the next batch's blocks, which do not always fit the holes, grow the
     heap, so without it the peak resident set crept up with the number of batches (ViT-S/16 bf16 eval: 928 MiB
     after 26 batches, 983 MiB after 226; with it 946 MiB from batch 26 on). Costs about a millisecond."""
-    trim = _malloc_trim()
-    return bool(trim is not None and trim(0) is not None)
+    trim = _libc_function("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True

@@ -9,8 +9,8 @@ read them back. A candidate added later is measured alone, the stored ones are r
 The cache is one JSON file, `$VITLAB_CACHE/autotune.json` (else `$XDG_CACHE_HOME/vitlab`, else `~/.cache/vitlab`),
 laid out as machine -> kind -> shape -> {"timings": {candidate: seconds or null}, "winner": ..., "measured": ISO
 time, "load": the load average then}. Timings taken on a busy machine (load above 1.5x the cores) are measured
-again once the machine is quiet (load at most the cores). The file is rewritten atomically (vitlab.utils.io) under an
-advisory lock, re-read inside the lock, so concurrent processes merge their results instead of losing them. An
+again once the machine is quiet (load at most the cores). The file is rewritten atomically (vitlab.utils.io) under a
+lock file (filelock), re-read inside the lock, so concurrent processes merge their results instead of losing them. An
 unreadable cache is logged and measured again; a cache that cannot be written is logged and the choice still
 returned.
 
@@ -20,15 +20,16 @@ which callers make their rule-of-thumb default), "refresh" (measure again, repla
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from ..utils.io import OutputError, write_atomic
 from . import cpu
@@ -93,21 +94,10 @@ def machine_key(device: Any = "cpu") -> str:
 # -- the cache file --------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an advisory lock on `path`.lock for a read-modify-write (POSIX; no lock where fcntl is missing)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: writes stay atomic, a concurrent write may drop the other's new entry
-        yield
-        return
+def _locked(path: Path) -> FileLock:
+    """A lock on `path`.lock (filelock: fcntl on POSIX, msvcrt on Windows) held for a read-modify-write."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return FileLock(str(path.with_name(path.name + ".lock")))
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 AVX-512+VNNI / AMX), which decides which precisions and int8 kernels can be fast.
 
 `cpu_flags()` is the one reader of /proc/cpuinfo; `vitlab.perf.precision`, `vitlab.perf.autotune`,
-`vitlab.deploy` and `vitlab.bench` all ask it.
+`vitlab.deploy` and `vitlab.bench` all ask it. `machine_summary()` is the one description of the machine a result was
+measured on (`vitlab bench`, `vitlab reproduce`, `vitlab demo` and `benchmarks/` record it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import os
 import platform
 from collections.abc import Collection
+from typing import Any
 
 
 @functools.cache
@@ -101,3 +103,36 @@ def native_int8(flags: Collection[str] | None = None) -> bool | None:
     its flags are unknown. Without them x86 int8 GEMMs use VPMADDUBSW (u8 x s8 pairs summed in int16)."""
     flags = cpu_flags() if flags is None else flags
     return any(f in flags for f in INT8_FLAGS) if flags else None
+
+
+SPEED_FLAGS = (*BF16_FLAGS, *INT8_FLAGS, "avx512f", "avx2")  # the flags that decide the host class and fast kernels
+
+
+def machine_summary() -> dict[str, Any]:
+    """What a measurement is only valid for: {"cpu" (model), "host_class" (`host_class`), "cpu_flags" (which of
+    `SPEED_FLAGS` it has), "cores", "torch_threads", "torch", "python", "platform", "cpu_capability" (the kernels
+    torch dispatches to), "loadavg_start" (1, 5, 15 min; None where the OS has none), "emulation" (only when a
+    `kernel_emulation` variable is set: the kernels ran as on a lesser CPU), "gpu" (only with CUDA), "summary" (one
+    line of it all, for a page)}."""
+    import torch
+
+    flags = cpu_flags()
+    info: dict[str, Any] = {
+        "cpu": cpu_model(), "host_class": host_class(flags), "cpu_flags": [f for f in SPEED_FLAGS if f in flags],
+        "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "python": platform.python_version(), "platform": platform.platform(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    emulated = kernel_emulation()
+    if emulated:
+        info["emulation"] = emulated
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    load = f"; load average {info['loadavg_start'][0]:.1f}" if info["loadavg_start"] else ""
+    forced = f"; kernels emulated: {' '.join(f'{k}={v}' for k, v in emulated.items())}" if emulated else ""
+    gpu = f"; GPU {info['gpu']}" if "gpu" in info else ""
+    info["summary"] = (f"{info['cpu']} ({info['host_class']}: {' '.join(info['cpu_flags']) or 'no x86 flags known'}"
+                       f"{forced}; {info['cores']} cores, torch {info['torch_threads']} threads{load}){gpu}; "
+                       f"torch {info['torch']}")
+    return info

@@ -155,9 +155,7 @@ def create_app(cfg: ServeConfig, info: ModelInfo, engine: Engine, metrics: Metri
                on_started: Callable[[], Coroutine[Any, Any, None]] | None = None) -> Any:
     """The ASGI app of a server: `engine` must be started (its workers warm); the app's lifespan starts the
     engine's drivers and closes it at shutdown."""
-    preparer = Preparer(info.preprocess, cfg.max_pixels)
-    decode_pool = ThreadPoolExecutor(cfg.decode_threads, thread_name_prefix="vitlab-serve-decode")
-    num_classes = len(info.classes)
+    api = _Api(cfg, info, engine, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -171,131 +169,154 @@ def create_app(cfg: ServeConfig, info: ModelInfo, engine: Engine, metrics: Metri
             if announcing is not None:
                 announcing.cancel()
             await engine.close()
-            decode_pool.shutdown(wait=False)
+            api.decode_pool.shutdown(wait=False)
 
     app = FastAPI(title="vitlab serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"Image classification with {info.name} ({info.architecture}). Errors are JSON "
                   '`{"error": {"kind", "message"}}`.')
+    app.exception_handler(RequestError)(api.on_request_error)
+    app.exception_handler(RequestValidationError)(api.on_validation)
+    app.exception_handler(StarletteHTTPException)(api.on_http)
+    app.exception_handler(Exception)(api.on_bug)
+    _image_route(app, "/predict", PredictResponse,
+                 "Classify one image (raw bytes) or several (multipart file parts)")(api.predict)
+    _image_route(app, "/explain", ExplainResponse,
+                 "One image: top-k, attention rollout (paper Fig. 6) and the model's view of it")(api.explain)
+    app.get("/health", summary="Ready (200) once every worker is loaded and warm; 503 otherwise",
+            responses={503: {"description": "no worker ready: starting, restarting or shutting down"}})(api.health)
+    app.get("/metrics", summary="Prometheus metrics", response_class=Response)(api.prometheus)
+    app.get("/info", summary="The model, its mode, classes, input and the server's limits")(api.about)
+    app.get("/", response_class=HTMLResponse, include_in_schema=False)(page)
+    app.get("/docs", response_class=HTMLResponse, include_in_schema=False)(docs)
+    endpoints = {"/predict", "/explain", "/health", "/metrics", "/info", "/", "/docs", "/openapi.json"}
+    return _Observe(app, metrics, endpoints)
 
-    def fail(e: RequestError) -> JSONResponse:
-        metrics.errors.labels(e.kind).inc()
+
+def _image_route(app: FastAPI, path: str, answer: type[BaseModel], summary: str) -> Callable[[Any], Any]:
+    """`app.post(path, ...)` for a route that takes images (raw bytes or multipart) and answers `answer`."""
+    return app.post(path, response_model=None, openapi_extra={"requestBody": _IMAGE_BODY},
+                    responses={200: {"model": answer}, **_ERRORS}, summary=summary)
+
+
+class _Api:
+    """The handlers of one app (routes and error handlers), over what they share: the config, the model's facts, the
+    engine, the metrics, and the threads that decode images."""
+
+    def __init__(self, cfg: ServeConfig, info: ModelInfo, engine: Engine, metrics: Metrics) -> None:
+        self.cfg, self.info, self.engine, self.metrics = cfg, info, engine, metrics
+        self.preparer = Preparer(info.preprocess, cfg.max_pixels)
+        self.decode_pool = ThreadPoolExecutor(cfg.decode_threads, thread_name_prefix="vitlab-serve-decode")
+        self.num_classes = len(info.classes)
+
+    # -- errors: one JSON shape, counted by kind
+
+    def fail(self, e: RequestError) -> JSONResponse:
+        self.metrics.errors.labels(e.kind).inc()
         return _error(e.status, e.kind, e.message, e.headers)
 
-    @app.exception_handler(RequestError)
-    async def on_request_error(request: Request, e: RequestError) -> JSONResponse:
-        return fail(e)
+    async def on_request_error(self, request: Request, e: RequestError) -> JSONResponse:
+        return self.fail(e)
 
-    @app.exception_handler(RequestValidationError)
-    async def on_validation(request: Request, e: RequestValidationError) -> JSONResponse:
+    async def on_validation(self, request: Request, e: RequestValidationError) -> JSONResponse:
         where = ", ".join(".".join(str(p) for p in err.get("loc", ())[1:]) or "request" for err in e.errors())
-        return fail(RequestError(400, "bad_parameter", f"bad value for {where}"))
+        return self.fail(RequestError(400, "bad_parameter", f"bad value for {where}"))
 
-    @app.exception_handler(StarletteHTTPException)
-    async def on_http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+    async def on_http(self, request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "http_error")
-        return fail(RequestError(e.status_code, kind, str(e.detail)))
+        return self.fail(RequestError(e.status_code, kind, str(e.detail)))
 
-    @app.exception_handler(Exception)
-    async def on_bug(request: Request, e: Exception) -> JSONResponse:
+    async def on_bug(self, request: Request, e: Exception) -> JSONResponse:
         log.error("internal error answering %s %s", request.method, request.url.path, exc_info=e)
-        return fail(RequestError(500, "internal", "internal error"))
+        return self.fail(RequestError(500, "internal", "internal error"))
 
-    def authorize(request: Request) -> None:
-        if cfg.api_key is None:
+    # -- what the image routes share
+
+    def authorize(self, request: Request) -> None:
+        if self.cfg.api_key is None:
             return
         given = request.headers.get("x-api-key")
         if given is None:
             scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else None
-        if given is None or not hmac.compare_digest(given.encode(), cfg.api_key.encode()):
+        if given is None or not hmac.compare_digest(given.encode(), self.cfg.api_key.encode()):
             raise RequestError(401, "unauthorized", "a valid API key is needed (X-API-Key or Authorization: Bearer)",
                                {"WWW-Authenticate": "Bearer"})
 
-    async def images_of(request: Request) -> tuple[list[np.ndarray], list[str | None]]:
+    async def images_of(self, request: Request) -> tuple[list[np.ndarray], list[str | None]]:
         try:
-            body = await read_body(request.headers, request.stream(), cfg.max_body_bytes)
+            body = await read_body(request.headers, request.stream(), self.cfg.max_body_bytes)
         except ClientDisconnect:  # nobody to answer; counted, not logged as a fault
             raise RequestError(400, "client_disconnected", "the client left before its body arrived") from None
-        images = await split_body(request.headers, body, cfg.max_images)
+        images = await split_body(request.headers, body, self.cfg.max_images)
         del body
         loop = asyncio.get_running_loop()
-        xs = await asyncio.gather(*(loop.run_in_executor(decode_pool, preparer, im) for im in images))
+        xs = await asyncio.gather(*(loop.run_in_executor(self.decode_pool, self.preparer, im) for im in images))
         return list(xs), [im.filename for im in images]
 
-    def top(probs: np.ndarray, k: int) -> list[dict[str, Any]]:
-        k = min(k, num_classes)
-        idx = np.argpartition(-probs, k - 1)[:k] if k < num_classes else np.arange(num_classes)
+    def top(self, probs: np.ndarray, k: int) -> list[dict[str, Any]]:
+        k = min(k, self.num_classes)
+        idx = np.argpartition(-probs, k - 1)[:k] if k < self.num_classes else np.arange(self.num_classes)
         idx = idx[np.argsort(-probs[idx], kind="stable")]
-        return [{"label": info.classes[i], "index": int(i), "prob": float(probs[i])} for i in idx]
+        return [{"label": self.info.classes[i], "index": int(i), "prob": float(probs[i])} for i in idx]
 
-    @app.post("/predict", response_model=None, openapi_extra={"requestBody": _IMAGE_BODY},
-              responses={200: {"model": PredictResponse}, **_ERRORS},
-              summary="Classify one image (raw bytes) or several (multipart file parts)")
-    async def predict(request: Request, top_k: int | None = Query(None, ge=1, le=100_000)) -> JSONResponse:
+    # -- the routes
+
+    async def predict(self, request: Request, top_k: int | None = Query(None, ge=1, le=100_000)) -> JSONResponse:
         started = time.perf_counter()
-        authorize(request)
-        with engine.admit():
-            xs, names = await images_of(request)
-            probs = await engine.predict(xs)
-        k = top_k or cfg.top_k
-        predictions = [{"top": top(p, k), **({"filename": n} if n else {})} for p, n in zip(probs, names)]
-        return JSONResponse({"model": info.name, "mode": engine.mode(), "predictions": predictions,
+        self.authorize(request)
+        with self.engine.admit():
+            xs, names = await self.images_of(request)
+            probs = await self.engine.predict(xs)
+        k = top_k or self.cfg.top_k
+        predictions = [{"top": self.top(p, k), **({"filename": n} if n else {})} for p, n in zip(probs, names)]
+        return JSONResponse({"model": self.info.name, "mode": self.engine.mode(), "predictions": predictions,
                              "latency_ms": round(1000 * (time.perf_counter() - started), 2)})
 
-    @app.post("/explain", response_model=None, openapi_extra={"requestBody": _IMAGE_BODY},
-              responses={200: {"model": ExplainResponse}, **_ERRORS},
-              summary="One image: top-k, attention rollout (paper Fig. 6) and the model's view of it")
-    async def explain(request: Request, top_k: int | None = Query(None, ge=1, le=100_000)) -> JSONResponse:
+    async def explain(self, request: Request, top_k: int | None = Query(None, ge=1, le=100_000)) -> JSONResponse:
         started = time.perf_counter()
-        authorize(request)
-        with engine.admit():
-            xs, _ = await images_of(request)
+        self.authorize(request)
+        with self.engine.admit():
+            xs, _ = await self.images_of(request)
             if len(xs) != 1:
                 raise RequestError(400, "one_image", f"/explain takes one image, got {len(xs)}")
-            probs, rollout = await engine.explain(xs[0])
-            view = await asyncio.get_running_loop().run_in_executor(decode_pool, preparer.view, xs[0])
+            probs, rollout = await self.engine.explain(xs[0])
+            view = await asyncio.get_running_loop().run_in_executor(self.decode_pool, self.preparer.view, xs[0])
         grid = list(rollout.shape) if rollout is not None else None
         return JSONResponse({
-            "model": info.name, "mode": engine.mode(), "top": top(probs, top_k or cfg.top_k), "grid": grid,
-            "rollout": np.round(rollout, 6).tolist() if rollout is not None else None,
+            "model": self.info.name, "mode": self.engine.mode(), "top": self.top(probs, top_k or self.cfg.top_k),
+            "grid": grid, "rollout": np.round(rollout, 6).tolist() if rollout is not None else None,
             "view": "data:image/png;base64," + base64.b64encode(view).decode(),
             "latency_ms": round(1000 * (time.perf_counter() - started), 2)})
 
-    @app.get("/health", summary="Ready (200) once every worker is loaded and warm; 503 otherwise",
-             responses={503: {"description": "no worker ready: starting, restarting or shutting down"}})
-    async def health() -> JSONResponse:
-        status, workers = engine.health()
+    async def health(self) -> JSONResponse:
+        status, workers = self.engine.health()
         code = 200 if status in ("ok", "degraded") else 503
-        return JSONResponse({"status": status, "workers": workers, "queue_depth": engine.queue_depth,
-                             "in_flight": engine.in_flight}, status_code=code)
+        return JSONResponse({"status": status, "workers": workers, "queue_depth": self.engine.queue_depth,
+                             "in_flight": self.engine.in_flight}, status_code=code)
 
-    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    async def prometheus(request: Request) -> Response:
-        authorize(request)
-        metrics.queue_depth.set(engine.queue_depth)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def prometheus(self, request: Request) -> Response:
+        self.authorize(request)
+        self.metrics.queue_depth.set(self.engine.queue_depth)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/info", summary="The model, its mode, classes, input and the server's limits")
-    async def about() -> JSONResponse:
-        h, w = info.preprocess.hw
+    async def about(self) -> JSONResponse:
+        h, w = self.info.preprocess.hw
+        cfg = self.cfg
         return JSONResponse({
-            "model": info.name, "architecture": info.architecture, "mode": engine.mode(),
-            "num_classes": num_classes, "input": [info.preprocess.in_chans, h, w],
-            "preprocess": info.preprocess.describe(), "explain": info.explainable, "top_k": cfg.top_k,
-            "workers": len(engine.workers), "max_batch_size": cfg.max_batch_size,
+            "model": self.info.name, "architecture": self.info.architecture, "mode": self.engine.mode(),
+            "num_classes": self.num_classes, "input": [self.info.preprocess.in_chans, h, w],
+            "preprocess": self.info.preprocess.describe(), "explain": self.info.explainable, "top_k": cfg.top_k,
+            "workers": len(self.engine.workers), "max_batch_size": cfg.max_batch_size,
             "max_body_bytes": cfg.max_body_bytes, "max_images": cfg.max_images, "auth": cfg.api_key is not None,
             "version": __version__})
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    async def page() -> HTMLResponse:
-        return HTMLResponse(_asset("page.html"))
 
-    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
-    async def docs() -> HTMLResponse:
-        return HTMLResponse(_asset("docs.html"))
+async def page() -> HTMLResponse:
+    return HTMLResponse(_asset("page.html"))
 
-    endpoints = {"/predict", "/explain", "/health", "/metrics", "/info", "/", "/docs", "/openapi.json"}
-    return _Observe(app, metrics, endpoints)
+
+async def docs() -> HTMLResponse:
+    return HTMLResponse(_asset("docs.html"))
 
 
 def _asset(name: str) -> str:

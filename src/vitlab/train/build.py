@@ -8,8 +8,8 @@ from typing import Any
 
 from torch import nn
 
+from ..data.preprocess import data_config_fields, from_data_config
 from ..models.config import ViTConfig
-from ..models.preprocess import data_config_fields, from_data_config
 from ..models.resnet import ResNetConfig, ResNetV2
 from ..models.vit import VisionTransformer
 from ..weights import WeightsWarning, create_model, load_model, load_weights
@@ -98,10 +98,10 @@ def data_config_with_init(recipe: Recipe) -> Any:
     return data_config_from_dict(data)
 
 
-def trained_preprocess(recipe: Recipe, data_cfg: Any, vit_cfg: ViTConfig | ResNetConfig) -> Any:
+def trained_preprocess(recipe: Recipe, data_cfg: Any, model_cfg: ViTConfig | ResNetConfig) -> Any:
     """The eval preprocessing the run's data pipeline applies, stored with every model it saves."""
     try:
         data_cfg = data_cfg or data_config_with_init(recipe)
-        return from_data_config(data_cfg, vit_cfg.img_size, vit_cfg.in_chans)
+        return from_data_config(data_cfg, model_cfg.img_size, model_cfg.in_chans)
     except (ValueError, TypeError, OSError):  # ready-made data with a recipe whose data section is a stub
         return None

@@ -1,15 +1,16 @@
-"""What a run evaluates: its own evaluation on `train.eval_split`, early stopping's on the val split, and the
-evaluators declared in a recipe's `train.evaluators` (big_vision's `evals`).
+"""What a run evaluates, the recipe's `train.evaluators` (big_vision's `evals`; their settings: `evalconfig.py`):
+the classification evaluator (the run's result), early stopping on the held-out val split, the few-shot probe.
 
-Each is a runner with `run(model, step) -> row` (numbers keyed by name, the runner's name as the row's split),
-built on the main process from data the run built first, and an `Evaluation` that says when it runs; the run logs
-each row to metrics.jsonl, TensorBoard and the report. Declared kinds have their settings in `recipe.EVALUATORS`
-and their runner in `RUNNERS`. Evaluators only read the model: they draw no number from the training RNGs, so a run
-with evaluators trains exactly as one without.
+Each is a runner with `run(model, step) -> row` (numbers keyed by name, `row_split` as the row's split), built on the
+main process from the data `build_evaluator_data` built first, and an `Evaluation` that says when it runs
+(`build_evaluations`); the run logs each row to metrics.jsonl, TensorBoard and the report. Evaluators only read the
+model: they draw no number from the training RNGs, so a run with evaluators trains exactly as one without (early
+stopping only ends it sooner).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,7 +24,10 @@ from ..data import EvalData, build_eval_data
 from ..inference.evaluate import EvalResult, evaluate
 from ..models.vit import VisionTransformer
 from ..perf.precision import autocast
-from .recipe import FewShotEvaluator
+from .early_stop import EarlyStopper
+from .evalconfig import ClassificationEvaluator, EarlyStopEvaluator, FewShotEvaluator
+
+logger = logging.getLogger("vitlab.train")
 
 
 class Runner(Protocol):
@@ -38,7 +42,8 @@ class Runner(Protocol):
 @dataclass
 class Evaluation:
     """A runner and when it runs: in the loop every `every` steps (0: never), and at the end of a completed run
-    (`final`, after the loop) or else in the loop at the last step too (early stopping's val evaluation).
+    (`final`, after the loop) or else in the loop at the last step too (early stopping's val evaluation, whose
+    verdict every process learns: `stops`).
 
     `runner` is None on processes other than the main one: they hold the schedule only, to reach the evaluation's
     collectives at the same steps.
@@ -48,6 +53,7 @@ class Evaluation:
     every: int
     final: bool
     runner: Runner | None
+    stops: bool = False
 
     def due(self, step: int, total_steps: int, final: bool) -> bool:
         """Whether it runs at `step` in the loop, or (`final`) at the end of the run."""
@@ -86,6 +92,49 @@ class ClassificationRunner:
         return row
 
 
+class EarlyStopRunner:
+    """Early stopping (`type: early_stop`): the classifier on the held-out val split, judged by the rule
+    (`early_stop.EarlyStopper`: the val loss, or a smoothed top-1); the weights of each new best are kept (on the
+    CPU: `best_weights`), and `stop` says whether `patience_epochs` epochs of training passed without one.
+
+    Args:
+        spec: Its settings; data: the val split; num_classes: the model's classes.
+        state: The run's counters (`run.RunState`): the rule's state comes from and goes to `state.early_stop`, the
+            best's step and top-1 to `state.best_step` / `best_val_top1`, the stop's step to `state.stopped_at`.
+        best_weights: The best weights a resumed run had kept (None: none yet).
+        images_per_step, epoch_images: The global batch and the training split's size (patience is in epochs).
+        device, precision: Where and how the model runs.
+    """
+
+    name = "eval_val"
+
+    def __init__(self, spec: EarlyStopEvaluator, data: Any, num_classes: int, *, state: Any,
+                 best_weights: dict[str, torch.Tensor] | None, images_per_step: int, epoch_images: int,
+                 device: torch.device, precision: str) -> None:
+        self.classify = ClassificationRunner(self.name, data, num_classes, device=device, precision=precision)
+        self.stopper = EarlyStopper(spec.rule(), images_per_step, epoch_images)
+        self.stopper.load_state_dict(state.early_stop)
+        self.state, self.best_weights, self.stop = state, best_weights, False
+        self.val_images = int(getattr(data, "num_samples", 0) or 0)
+
+    def run(self, model: nn.Module, step: int) -> dict[str, Any]:
+        """The val row at `step`, judged; a new best's weights kept."""
+        row = self.classify.run(model, step)
+        state, stopper = self.state, self.stopper
+        d = stopper.update(step, loss=row["loss"], top1=row["top1"])
+        if d.new_best:
+            state.best_val_top1, state.best_step = row["top1"], step
+            self.best_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        state.early_stop = stopper.state_dict()
+        self.stop = d.stop
+        if d.stop:
+            state.stopped_at = step
+        best = stopper.best_value if stopper.best_value is not None else float("nan")
+        logger.info("step %d: %s %.4f; best %.4f at step %d", step, stopper.rule.describe(), d.value, best,
+                    state.best_step)
+        return row
+
+
 def first_samples(batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                   n: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The first `n` samples of `batches`, in batches."""
@@ -104,29 +153,18 @@ class FewShotRunner:
     fitted on `shots` images per class drawn `seeds` times, and its mean accuracy (and std over the draws).
 
     Args:
+        name: The evaluator's name: its rows' split.
         spec: The evaluator's settings.
-        data: (pool, test): the splits its features come from (`build_data`).
+        data: (pool, test): the splits its features come from (`build_evaluator_data`).
         device, precision: Where and how the features are computed.
     """
 
-    def __init__(self, spec: FewShotEvaluator, data: tuple[EvalData, EvalData], *, device: torch.device,
+    def __init__(self, name: str, spec: FewShotEvaluator, data: tuple[EvalData, EvalData], *, device: torch.device,
                  precision: str) -> None:
-        self.spec = spec
+        self.name, self.spec = name, spec
         self.pool, self.test = data
         self.device, self.precision = device, precision
         self.num_classes = self.pool.num_classes
-
-    @staticmethod
-    def build_data(spec: FewShotEvaluator, data_cfg: Any, *, img_size: Any, in_chans: int,
-                   batch_size: int) -> tuple[EvalData, EvalData]:
-        """The pool and the scored images, prepared as for evaluation (`batch_size` unless the spec sets one)."""
-        bs = spec.batch_size or batch_size
-        return (build_eval_data(data_cfg, spec.train_split, img_size=img_size, in_chans=in_chans, batch_size=bs),
-                build_eval_data(data_cfg, spec.eval_split, img_size=img_size, in_chans=in_chans, batch_size=bs))
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
     def run(self, model: VisionTransformer, step: int) -> dict[str, Any]:
         """The metrics row of this evaluation at `step`: `{k}shot` (mean accuracy) and `{k}shot_std` per shot count."""
@@ -144,14 +182,49 @@ class FewShotRunner:
         return row
 
 
-RUNNERS = {"fewshot": FewShotRunner}  # kind -> runner, beside recipe.EVALUATORS (kind -> settings)
+def row_split(name: str, spec: Any) -> str:
+    """The split of an evaluator's rows: `eval_{split}` for the classifier's (classification; early_stop: eval_val),
+    else its name."""
+    if isinstance(spec, ClassificationEvaluator):
+        return spec.row_split
+    return EarlyStopRunner.name if isinstance(spec, EarlyStopEvaluator) else name
 
 
-def build_evaluator_data(spec: Any, data_cfg: Any, **kw: Any) -> Any:
-    """The data a declared evaluator reads (`kw`: img_size, in_chans, batch_size)."""
-    return RUNNERS[spec.kind].build_data(spec, data_cfg, **kw)
+def build_evaluator_data(spec: Any, data_cfg: Any, *, img_size: Any, in_chans: int, batch_size: int) -> Any:
+    """The data an evaluator reads, prepared as for evaluation, in its `batch_size` (default: `batch_size`): its
+    split (classification), the val split (early_stop), or (pool, scored images) (fewshot)."""
+    kw: dict[str, Any] = dict(img_size=img_size, in_chans=in_chans, batch_size=spec.batch_size or batch_size)
+    if isinstance(spec, FewShotEvaluator):
+        return build_eval_data(data_cfg, spec.train_split, **kw), build_eval_data(data_cfg, spec.eval_split, **kw)
+    return build_eval_data(data_cfg, "val" if isinstance(spec, EarlyStopEvaluator) else spec.split, **kw)
 
 
-def build_evaluator(spec: Any, data: Any, **kw: Any) -> Runner:
-    """The runner of a declared evaluator, on the data `build_evaluator_data` built (`kw`: device, precision)."""
-    return RUNNERS[spec.kind](spec, data, **kw)
+
+def build_evaluations(specs: dict[str, Any], data: dict[str, Any] | None, *, num_classes: int, class_names: list[str],
+                      raw: nn.Module | None, state: Any, best_weights: dict[str, torch.Tensor] | None,
+                      images_per_step: int, epoch_images: int, device: torch.device,
+                      precision: str) -> list[Evaluation]:
+    """The evaluations of `specs` (`train.evaluators`, in the order they run), with their runners on the main process
+    (`data`: each one's, by name, from `build_evaluator_data`; None on the other processes: schedules only).
+
+    Args:
+        num_classes, class_names: The model's classes.
+        raw: With EMA, the raw weights' model (the classification evaluator scores its top-1 too), else None.
+        state, best_weights, images_per_step, epoch_images: Early stopping's (`EarlyStopRunner`).
+        device, precision: Where and how the model runs.
+    """
+    kw: dict[str, Any] = dict(device=device, precision=precision)
+    out = []
+    for name, spec in specs.items():
+        runner: Runner | None = None
+        if data is not None and isinstance(spec, ClassificationEvaluator):
+            runner = ClassificationRunner(spec.row_split, data[name], num_classes, max_samples=spec.max_samples,
+                                          class_names=class_names, raw=raw, **kw)
+        elif data is not None and isinstance(spec, EarlyStopEvaluator):
+            runner = EarlyStopRunner(spec, data[name], num_classes, state=state, best_weights=best_weights,
+                                     images_per_step=images_per_step, epoch_images=epoch_images, **kw)
+        elif data is not None:
+            runner = FewShotRunner(name, spec, data[name], **kw)
+        stops = isinstance(spec, EarlyStopEvaluator)
+        out.append(Evaluation(row_split(name, spec), spec.every, not stops, runner, stops))
+    return out

@@ -1,17 +1,18 @@
 """The training loop: `train(recipe, run_dir)` builds a `Run` and drives it in `_loop`, which reads top to bottom
-in one screen: step, log, run the evaluations due (`Run.evaluators`: on eval_split, early stopping's on val with the
-best weights kept, the recipe's evaluators), stop early, checkpoint, stop on a signal.
+in one screen: step (logged), run the evaluations due (`train.evaluators`: the classification one, early stopping's
+on val with the best weights kept, the few-shot probe), stop early, checkpoint, stop on a signal.
 
 It never loses work: checkpoints are atomic, SIGTERM and Ctrl-C finish the current step and save, a non-finite
 step is skipped (never applied) and many in a row stop the run with the last good checkpoint kept, and
 `resume=True` continues exactly (from the newest checkpoint that loads). One process at a time trains in a run
 directory: it holds the directory's lock (`rundir.RunLock`) from its checks to its report. The log rows carry
-images/s, MFU and the ETA (`meter.py`), and the recipe's `train.evaluators` (e.g. the few-shot linear probe) run at
-their declared steps (`evaluators.py`).
+images/s, MFU and the ETA (`meter.py`), and the recipe's `train.evaluators` run at their declared steps
+(`evalconfig.py`, `evaluators.py`).
 
-Where the rest lives: `run.py` (the run object), `step.py` (one optimizer step), `build.py` (model and data
-configuration), `distill.py` (DeiT distillation's teacher and loss), `probe.py` (`train.linear_probe`: a linear
-classifier on frozen features), `rundir.py`, `rng.py`, `vitlab.perf.precision`, `vitlab.inference.evaluate`.
+Where the rest lives: `run.py` (the run object), `step.py` (one optimizer step), `outputs.py` (what a run writes,
+`TrainResult`), `build.py` (model and data configuration), `distill.py` (DeiT distillation's teacher and loss),
+`probe.py` (`train.linear_probe`: a linear classifier on frozen features), `rundir.py`, `rng.py`,
+`vitlab.perf.precision`, `vitlab.inference.evaluate`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from ..perf.allocator import keep_freed_memory
 from .build import build_model, data_config_with_init, init_preprocess
 from .checkpoint import list_checkpoints
 from .distributed import DistInfo, all_true, barrier, setup_distributed, teardown_distributed
+from .outputs import TrainResult
 from .probe import linear_probe
 from .recipe import Recipe
-from .run import NonFiniteError, Run, TrainResult
+from .run import Run
 from .rundir import RunDirError, RunLock, RunLockedError, check_run_dir, check_same_recipe, remove_stale_temps
-from .step import StepResult, resize_batch, train_step
+from .step import NonFiniteError, StepResult, resize_batch, train_step
 
 __all__ = ["NonFiniteError", "Run", "RunDirError", "RunLockedError", "StepResult", "TrainResult", "build_model",
            "data_config_with_init", "evaluate", "init_preprocess", "resize_batch", "train", "train_step"]
@@ -67,16 +69,13 @@ def _loop(run: Run, stop: StopFlag) -> str:
     """Step until the end, the time budget or a signal; log, evaluate and checkpoint on the way. The status."""
     tr, state = run.tr, run.state
     while state.step < run.total_steps:
-        result = run.step()
-        if result is None:
+        if run.step() is None:
             return f"completed (time budget {tr.time_budget_min:g} min)"
         done = state.step == run.total_steps
-        if state.step % tr.log_every == 0 or done:
-            run.log_train(result)
-        if run.run_evaluators() and not done:  # early stopping's val evaluation says stop
-            what = run.stopper.rule.describe() if run.stopper is not None else "val metric"
-            return (f"completed (early stop at step {state.step}: no better {what} in "
-                    f"{tr.early_stop_patience_epochs:g} epochs; the weights of step {state.best_step})")
+        if run.evaluate() and not done and run.early_stopping is not None:  # early stopping's evaluation says stop
+            rule = run.early_stopping.rule()
+            return (f"completed (early stop at step {state.step}: no better {rule.describe()} in "
+                    f"{rule.patience_epochs:g} epochs; the weights of step {state.best_step})")
         stopping = not all_true(stop.reason is None, run.info)
         if (tr.checkpoint_every and state.step % tr.checkpoint_every == 0 and not done) or stopping:
             run.save()  # a skipped step changed no weight, so the state is still a good one
@@ -153,15 +152,12 @@ def _train(recipe: Recipe, run_dir: Path, info: DistInfo, *, resume: bool, progr
     if tr.deterministic:
         torch.use_deterministic_algorithms(True)
     try:
-        final_eval = None
         with Run(recipe, run_dir, info, resume=resume, progress=progress, on_step=on_step, on_loss=on_loss,
                  stream=stream, eval_data=eval_data) as run, StopFlag() as stop:
             status = _loop(run, stop)
             if run.state.step == run.total_steps or status.startswith("completed"):
-                run.restore_best()  # early stopping: the run ends with its best val weights
-                run.run_evaluators(final=True)  # on eval_split (the run's result), then the recipe's evaluators
-                final_eval = run.eval_result
+                run.evaluate(final=True)  # early stopping's best weights back, then the end's evaluations
                 run.save()
-        return run.finish(status, final_eval)
+        return run.finish(status)
     finally:
         torch.use_deterministic_algorithms(was_deterministic)

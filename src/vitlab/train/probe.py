@@ -33,9 +33,9 @@ from .build import build_model, data_config_with_init
 from .distributed import DistInfo
 from .evaluators import first_samples
 from .optim import build_optimizer
+from .outputs import TrainResult
 from .recipe import Recipe
 from .report import write_report
-from .run import TrainResult
 from .rundir import write_recipe
 from .schedule import lr_at
 from .step import train_step
@@ -47,14 +47,14 @@ def _batches(x: torch.Tensor, y: torch.Tensor, batch_size: int) -> list[tuple[to
 
 def linear_probe(recipe: Recipe, run_dir: Path, info: DistInfo) -> TrainResult:
     """Extract the backbone's features once, train the linear classifier on them, evaluate; a `TrainResult`."""
-    tr = recipe.train
+    tr, ev = recipe.train, recipe.train.evaluation  # ev: the split scored, its images and batch size
     if info.distributed:
         raise ValueError("train.linear_probe runs in one process (its features fit one): launch it without torchrun")
     data_cfg = data_config_with_init(recipe)
-    cfg = recipe.model.vit_config(num_classes=0)
-    kw: dict[str, Any] = dict(img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=tr.eval_batch_size or 256)
+    cfg = recipe.model.model_config(num_classes=0)
+    kw: dict[str, Any] = dict(img_size=cfg.img_size, in_chans=cfg.in_chans, batch_size=ev.batch_size or 256)
     train_data = build_eval_data(data_cfg, "train", **kw)
-    test_data = build_eval_data(data_cfg, tr.eval_split, **kw)
+    test_data = build_eval_data(data_cfg, ev.split, **kw)
     k = train_data.num_classes
     backbone = build_model(recipe, num_classes=k).to(info.device)
     precision = resolve_precision(tr.precision, info.device)
@@ -63,7 +63,7 @@ def linear_probe(recipe: Recipe, run_dir: Path, info: DistInfo) -> TrainResult:
     t0 = time.perf_counter()
     with autocast(info.device, precision):
         xs, ys = extract_features(backbone, train_data, info.device, features="probe")
-        test_batches = test_data if tr.eval_max_samples is None else first_samples(test_data, tr.eval_max_samples)
+        test_batches = test_data if ev.max_samples is None else first_samples(test_data, ev.max_samples)
         xt, yt = extract_features(backbone, test_batches, info.device, features="probe")
     feature_s = time.perf_counter() - t0
     x, y = torch.from_numpy(xs), torch.from_numpy(ys)
@@ -93,7 +93,7 @@ def linear_probe(recipe: Recipe, run_dir: Path, info: DistInfo) -> TrainResult:
                       precision="fp32", class_names=classes)
     ridge = fit_ridge(xs, ys, k)
     ridge_top1 = float((ridge.predict(xt) == yt).mean())
-    rows.append({"step": total, "split": f"eval_{tr.eval_split}", "top1": result.top1, "top5": result.top5,
+    rows.append({"step": total, "split": ev.row_split, "top1": result.top1, "top5": result.top5,
                  "loss": result.loss, "ridge_top1": ridge_top1})
     write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in rows), overwrite=True)
     head_path = run_dir / "probe_head.safetensors"
@@ -104,7 +104,7 @@ def linear_probe(recipe: Recipe, run_dir: Path, info: DistInfo) -> TrainResult:
     out = TrainResult(status="completed", step=total, total_steps=total, skipped_steps=0,
                       images_seen=total * tr.batch_size, train_time_s=time.perf_counter() - t1 + feature_s,
                       run_dir=str(run_dir), resumed_from=None, world_size=1, precision=precision,
-                      model=str(head_path), eval=result, eval_split=tr.eval_split,
+                      model=str(head_path), eval=result, eval_split=ev.split,
                       evaluators={"probe": {"step": total, "ridge_top1": ridge_top1, "feature_dim": int(x.shape[1]),
                                             "train_features": len(ys), "feature_s": feature_s}})
     report = {k: v for k, v in out.to_dict().items() if v is not None}

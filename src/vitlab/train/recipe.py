@@ -15,6 +15,7 @@ import dataclasses
 import io
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +26,7 @@ from ..models.config import RESIZE_MODES, ViTConfig, check_bool, check_keys, che
 from ..models.resnet import ResNetConfig, config_from_name
 from ..perf.precision import PRECISIONS
 from ..weights import WeightsError, load_model, read_config
-from .early_stop import METRICS as EARLY_STOP_METRICS
-from .early_stop import SMOOTHING as EARLY_STOP_SMOOTHING
+from .evalconfig import ClassificationEvaluator, EarlyStopEvaluator, check_evaluators, without_retired_keys
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -83,7 +83,7 @@ class ModelSection:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **self.overrides}
 
-    def vit_config(self, **extra: Any) -> ViTConfig | ResNetConfig:
+    def model_config(self, **extra: Any) -> ViTConfig | ResNetConfig:
         """The model's config: a ViTConfig, or a ResNetConfig for a BiT ResNet; with "init.checkpoint", the
         checkpoint's config (read from the file: stored, its config.json, or its tensor shapes) changed by the
         overrides."""
@@ -96,6 +96,12 @@ class ModelSection:
         except WeightsError:  # a field only a load_model argument settles (e.g. num_heads of a bare state dict)
             return load_model(self.checkpoint, **over).cfg
         return cfg.replace(**over)
+
+    def vit_config(self, **extra: Any) -> ViTConfig | ResNetConfig:
+        """Deprecated name of `model_config` (the config may be a ResNetConfig)."""
+        warnings.warn("ModelSection.vit_config is deprecated: use model_config (it may return a ResNetConfig)",
+                      DeprecationWarning, stacklevel=2)
+        return self.model_config(**extra)
 
 
 @dataclass
@@ -174,7 +180,6 @@ class TrainSection:
             on CPU and GPU; weights and optimizer stay fp32) or "fp32" explicitly.
         seed: Seeds model init, data order, augmentation, dropout.
         accum_steps: Micro-batches per optimizer step (batch_size must divide by accum_steps * processes).
-        eval_every: Evaluate every this many steps (0: only at the end).
         checkpoint_every: Save a checkpoint every this many steps (0: only at the end and on interruption).
         keep_checkpoints: How many of the latest checkpoints to keep.
         log_every: Write a metrics.jsonl / TensorBoard row every this many steps.
@@ -183,13 +188,10 @@ class TrainSection:
         cutmix: CutMix alpha (0: off); mixup and cutmix together alternate per batch.
         ema_decay: Exponential moving average of the weights (null: off); evaluated beside the raw weights.
         max_bad_steps: Stop after this many non-finite steps in a row (each is skipped, never applied).
-        eval_split: "val" (a held-out part of train, see data) or "test".
         deterministic: torch.use_deterministic_algorithms(True) (bitwise resume on CPU needs fp32 and this).
         parallel: "ddp" or "fsdp" (large variants) when launched with torchrun.
         compile: torch.compile the model.
         grad_checkpointing: Recompute block activations in the backward pass (less memory).
-        eval_batch_size: Batch size for evaluation (null: batch_size / accum_steps).
-        eval_max_samples: Evaluate on only the first this many samples of the split (null: all of it).
         time_budget_min: Stop after this many minutes of training (evaluation and checkpoints not counted), with
             the schedule run on elapsed time: the lr follows max(step / total, time / budget), so the run anneals
             fully whatever the machine's speed. steps / epochs stay the upper bound. Not bitwise-resumable.
@@ -199,23 +201,13 @@ class TrainSection:
             embeddings are resampled on the grid for each smaller input (the paper's resolution change, Sec. 3.2,
             inside one run); low-resolution steps are several times cheaper. Sizes must be multiples of the
             pixels per token; `until` strictly increasing in (0, 1). null: off.
-        early_stop_every: Early stopping on the held-out val split (needs data.val_fraction > 0): evaluate on it
-            every this many steps and at the last step, keep the weights of the best judged value
-            (`early_stop_metric`), and end the run with them (they are what the final evaluation on `eval_split`
-            scores and what model.safetensors holds). The lr schedule still spans `steps` / `epochs`. 0: off.
-            The report states the val split's size, the standard error of a top-1 on it and the curve
-            (`vitlab.train.early_stop`).
-        early_stop_metric: What early stopping judges: "loss" (the val loss, default: steady) or "top1" (the val
-            top-1, which must then be smoothed: a one-evaluation spike of a raw top-1 is noise, not a best).
-        early_stop_smoothing: "none", "ema" or "window" (the mean of the last `early_stop_smooth_evals`
-            evaluations); "none" only with the loss.
-        early_stop_smooth_evals: The window's length (or the EMA's span) in evaluations.
-        early_stop_patience_epochs: Stop once this many epochs of training brought no new best (epochs, not
-            evaluations: evaluating more often does not stop a run sooner); 0: run to the end, still ending with
-            the best weights. (It replaces `early_stop_patience`, which counted evaluations.)
-        evaluators: Extra evaluations run during training, each a mapping with a `kind` (see `EVALUATORS`), e.g.
-            `[{kind: fewshot, every: 500, shots: [5]}]`: the paper's few-shot linear probe (Sec. 4.1). Their
-            numbers go to metrics.jsonl (split: the evaluator's name), TensorBoard and the report.
+        evaluators: The run's evaluations, big_vision's `config.evals`: a mapping of name -> settings with a `type`
+            (`vitlab.train.evalconfig`): `classification` (top-1 / top-5 / loss on a split, the run's result; `eval`
+            on the test split at the end when none is declared), `early_stop` (early stopping on the held-out val
+            split, the run ending with its best weights) and `fewshot` (the paper's few-shot linear probe, Sec.
+            4.1), each with `every` (steps; 0: only at the end), e.g. `{eval: {type: classification, every: 500},
+            fewshot: {type: fewshot, every: 500, shots: [5]}}`. Their numbers go to metrics.jsonl, TensorBoard and
+            the report.
         linear_probe: Train only a linear classifier on the frozen features of `init.checkpoint`'s backbone
             (DINOv2's probe: class token concatenated with the mean patch token; a backbone without a class token:
             its pooled features), extracted once from the unaugmented train split (`vitlab.train.probe`);
@@ -228,7 +220,6 @@ class TrainSection:
     precision: str = "auto"
     seed: int = 0
     accum_steps: int = 1
-    eval_every: int = 0
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -237,21 +228,13 @@ class TrainSection:
     cutmix: float = 0.0
     ema_decay: float | None = None
     max_bad_steps: int = 5
-    eval_split: str = "test"
     deterministic: bool = False
     parallel: str = "ddp"
     compile: bool = False
     grad_checkpointing: bool = False
-    eval_batch_size: int | None = None
-    eval_max_samples: int | None = None
     time_budget_min: float | None = None
     resize_schedule: list[list[float]] | None = None
-    early_stop_every: int = 0
-    early_stop_metric: str = "loss"
-    early_stop_smoothing: str = "none"
-    early_stop_smooth_evals: int = 3
-    early_stop_patience_epochs: float = 0.0
-    evaluators: list[Any] = field(default_factory=list)
+    evaluators: dict[str, Any] = field(default_factory=dict)
     linear_probe: bool = False
 
     def validate(self) -> None:
@@ -267,18 +250,7 @@ class TrainSection:
         if self.batch_size % self.accum_steps:
             raise ValueError(f"train.batch_size {self.batch_size} is not divisible by train.accum_steps "
                              f"{self.accum_steps}")
-        for k in ("eval_every", "checkpoint_every", "early_stop_every"):
-            _number("train", k, getattr(self, k), lo=0, integer=True)
-        _number("train", "early_stop_patience_epochs", self.early_stop_patience_epochs, lo=0)
-        if self.early_stop_patience_epochs and not self.early_stop_every:
-            raise ValueError("train.early_stop_patience_epochs needs train.early_stop_every > 0 (how often to "
-                             "evaluate on the val split)")
-        _choice("train", "early_stop_metric", self.early_stop_metric, EARLY_STOP_METRICS)
-        _choice("train", "early_stop_smoothing", self.early_stop_smoothing, EARLY_STOP_SMOOTHING)
-        _number("train", "early_stop_smooth_evals", self.early_stop_smooth_evals, lo=1, integer=True)
-        if self.early_stop_metric == "top1" and self.early_stop_smoothing == "none":
-            raise ValueError("train.early_stop_metric: top1 needs train.early_stop_smoothing: ema or window (a raw "
-                             "val top-1 lets a one-evaluation noise spike pass for the best); or judge the loss")
+        _number("train", "checkpoint_every", self.checkpoint_every, lo=0, integer=True)
         _number("train", "keep_checkpoints", self.keep_checkpoints, lo=1, integer=True)
         _number("train", "log_every", self.log_every, lo=1, integer=True)
         _number("train", "label_smoothing", self.label_smoothing, lo=0, hi=1)
@@ -286,92 +258,24 @@ class TrainSection:
         _number("train", "cutmix", self.cutmix, lo=0)
         _number("train", "ema_decay", self.ema_decay, lo=0, hi=1, allow_none=True)
         _number("train", "max_bad_steps", self.max_bad_steps, lo=1, integer=True)
-        _choice("train", "eval_split", self.eval_split, ("val", "test"))
         _choice("train", "parallel", self.parallel, PARALLEL)
         for k in ("deterministic", "compile", "grad_checkpointing", "linear_probe"):
             check_bool(f"train.{k}", getattr(self, k))
-        _number("train", "eval_batch_size", self.eval_batch_size, lo=1, integer=True, allow_none=True)
-        _number("train", "eval_max_samples", self.eval_max_samples, lo=1, integer=True, allow_none=True)
         _number("train", "time_budget_min", self.time_budget_min, lo=0, lo_open=True, allow_none=True)
         if self.resize_schedule is not None:
             self.resize_schedule = check_resize_schedule(self.resize_schedule)
         self.evaluators = check_evaluators(self.evaluators)
 
+    @property
+    def evaluation(self) -> ClassificationEvaluator:
+        """The classification evaluator of `evaluators`: the run's result (the defaults when none is declared)."""
+        return next((e for e in self.evaluators.values() if isinstance(e, ClassificationEvaluator)),
+                    ClassificationEvaluator())
 
-@dataclass
-class FewShotEvaluator:
-    """`train.evaluators: [{kind: fewshot, ...}]`: the paper's few-shot linear probe (Sec. 4.1, "Metrics"), run on
-    the frozen pre-logits features of the model being trained (`vitlab.analysis.fewshot`).
-
-    Attributes:
-        kind: "fewshot".
-        name: The evaluator's name in metrics.jsonl (its split), TensorBoard and the report; unique per run.
-        every: Run every this many steps (0: only at the end); it always runs at the end of a completed run.
-        shots: Examples per class drawn for the ridge classifier (the paper: 1, 5, 10, 25).
-        seeds: Random draws of the shots averaged per shot count.
-        l2_reg: Ridge strength (big_vision's 2^10).
-        train_split: Split the shots are drawn from ("train", unaugmented; or "val").
-        train_samples: Size of the pool the shots are drawn from (the first this many images of train_split).
-        eval_split: Split the probe is scored on ("test" or "val").
-        eval_samples: Images of eval_split scored (the first this many).
-        batch_size: Feature-extraction batch size (null: train.eval_batch_size, else the micro-batch).
-    """
-
-    kind: str = "fewshot"
-    name: str = "fewshot"
-    every: int = 0
-    shots: list[int] = field(default_factory=lambda: [5])
-    seeds: int = 3
-    l2_reg: float = 1024.0
-    train_split: str = "train"
-    train_samples: int = 2000
-    eval_split: str = "test"
-    eval_samples: int = 1000
-    batch_size: int | None = None
-
-    def validate(self, where: str) -> None:
-        if not isinstance(self.name, str) or not self.name or self.name == "train" or self.name.startswith("eval"):
-            raise ValueError(f"{where}.name must be a non-empty name other than 'train' / 'eval*', got {self.name!r}")
-        _number(where, "every", self.every, lo=0, integer=True)
-        if not isinstance(self.shots, list | tuple) or not self.shots:
-            raise ValueError(f"{where}.shots must be a non-empty list of positive ints, got {self.shots!r}")
-        self.shots = list(self.shots)
-        for s in self.shots:
-            _number(where, "shots", s, lo=1, integer=True)
-        _number(where, "seeds", self.seeds, lo=1, integer=True)
-        _number(where, "l2_reg", self.l2_reg, lo=0)
-        _choice(where, "train_split", self.train_split, ("train", "val"))
-        _choice(where, "eval_split", self.eval_split, ("val", "test"))
-        _number(where, "train_samples", self.train_samples, lo=1, integer=True)
-        _number(where, "eval_samples", self.eval_samples, lo=1, integer=True)
-        _number(where, "batch_size", self.batch_size, lo=1, integer=True, allow_none=True)
-
-
-EVALUATORS: dict[str, type] = {"fewshot": FewShotEvaluator}  # kind -> its settings
-
-
-def check_evaluators(specs: Any) -> list[Any]:
-    """`train.evaluators` as a list of evaluator settings (`EVALUATORS`), each validated; names unique."""
-    if specs is None:
-        return []
-    if not isinstance(specs, list | tuple):
-        raise ValueError(f"train.evaluators must be a list of mappings with a 'kind', got {specs!r}")
-    out = []
-    for i, spec in enumerate(specs):
-        where = f"train.evaluators[{i}]"
-        if dataclasses.is_dataclass(spec):
-            spec = dataclasses.asdict(spec)  # type: ignore[arg-type]
-        if not isinstance(spec, dict) or spec.get("kind") not in EVALUATORS:
-            kind = spec.get("kind") if isinstance(spec, dict) else spec
-            raise ValueError(f"{where}: unknown evaluator kind {kind!r}; valid kinds: {sorted(EVALUATORS)}")
-        cls = EVALUATORS[spec["kind"]]
-        ev = cls(**_check_keys(where, spec, cls))
-        ev.validate(where)
-        out.append(ev)
-    names = [ev.name for ev in out]
-    if len(set(names)) != len(names):
-        raise ValueError(f"train.evaluators: names must be unique (set `name`), got {names}")
-    return out
+    @property
+    def early_stopping(self) -> EarlyStopEvaluator | None:
+        """The early_stop evaluator of `evaluators`, if any."""
+        return next((e for e in self.evaluators.values() if isinstance(e, EarlyStopEvaluator)), None)
 
 
 def check_resize_schedule(schedule: Any) -> list[list[float]]:
@@ -502,9 +406,9 @@ class Recipe:
             raise ValueError(f"recipe section 'data' must be a mapping, got {type(data).__name__}")
         if check_data:
             data_config_from_dict(data)  # unknown keys / bad values fail now, not after the model is built
-        if sections["train"].early_stop_every and not data.get("val_fraction"):
-            raise ValueError("train.early_stop_every evaluates on the held-out val split: set data.val_fraction > 0 "
-                             "(e.g. 0.02)")
+        if sections["train"].early_stopping and not data.get("val_fraction"):
+            raise ValueError("train.evaluators: early_stop evaluates on the held-out val split: set "
+                             "data.val_fraction > 0 (e.g. 0.02)")
         if sections["train"].linear_probe and not sections["init"].checkpoint:
             raise ValueError("train.linear_probe trains a classifier on a frozen backbone's features: set "
                              "init.checkpoint")
@@ -527,16 +431,12 @@ class Recipe:
 
 
 def _without_retired_keys(d: dict[str, Any]) -> dict[str, Any]:
-    """`d` without retired keys that are off (0 / null: what every recipe.yaml written before them holds); a retired
-    key that is set is refused with one line naming its replacement."""
+    """`d` without the retired train keys that are off (`evalconfig.RETIRED`: what every recipe.yaml written before
+    them holds); a retired key that is set is refused with one line naming its replacement."""
     train = d.get("train")
-    if not isinstance(train, dict) or "early_stop_patience" not in train:
+    if not isinstance(train, dict):
         return d
-    train = dict(train)
-    if train.pop("early_stop_patience"):
-        raise ValueError("train.early_stop_patience (evaluations) is retired: set train.early_stop_patience_epochs "
-                         "(epochs without a better val loss, or smoothed top-1: train.early_stop_metric)")
-    return {**d, "train": train}
+    return {**d, "train": without_retired_keys(train)}
 
 
 def data_config_from_dict(d: dict[str, Any]):

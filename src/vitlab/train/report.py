@@ -190,7 +190,7 @@ def write_report(run_dir: str | Path, summary: dict[str, Any], recipe: Any = Non
     write_atomic(run_dir / "report.json", json.dumps(report, indent=2) + "\n", overwrite=True)
     lines = [f"# Run report: {run_dir}", ""]
     if recipe is not None:
-        cfg = recipe.model.vit_config(num_classes=len(ev.get("classes", [])) or 1)
+        cfg = recipe.model.model_config(num_classes=len(ev.get("classes", [])) or 1)
         size = f"{cfg.seq_len} tokens" if hasattr(cfg, "seq_len") else f"{cfg.num_features}-d features"
         lines += [f"Model: {recipe.model.name} {recipe.model.overrides}  ({size})", ""]
     lines += [

@@ -30,14 +30,16 @@ import yaml
 
 from ..utils.io import write_atomic
 from . import checkpoint as ckpt
+from .evalconfig import upgrade
 from .recipe import Recipe
 
 logger = logging.getLogger("vitlab.train")
 
 # Keys of a run's recipe that may change between an interrupted run and its --resume (they do not change what the
-# optimizer sees).
-RESUMABLE_CHANGES = {"train.eval_every", "train.checkpoint_every", "train.log_every", "train.keep_checkpoints",
-                     "train.max_bad_steps", "train.eval_batch_size", "train.evaluators"}
+# optimizer sees); and of `train.evaluators` (`_may_change`): every evaluator's batch_size, the classification one's
+# `every`, and fewshot evaluators altogether (added, removed or changed). Early stopping's rule may not change.
+RESUMABLE_CHANGES = {"train.checkpoint_every", "train.log_every", "train.keep_checkpoints", "train.max_bad_steps"}
+RESUMABLE_EVALUATOR_CHANGES = "train.evaluators: any batch_size, classification's every, fewshot evaluators"
 RUN_MARKERS = ("recipe.yaml", "metrics.jsonl", "checkpoints")
 LOCK_NAME = ".vitlab-run.lock"
 
@@ -298,13 +300,39 @@ def check_same_recipe(run_dir: Path, recipe: Recipe) -> None:
     saved_path = run_dir / "recipe.yaml"
     if not saved_path.is_file():
         return
-    saved = _flatten(Recipe.from_dict(yaml.safe_load(saved_path.read_text()), check_data=False).to_dict())
-    now = _flatten(recipe.to_dict())
-    diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k) and k not in RESUMABLE_CHANGES)
+    try:
+        before = read_run_recipe(saved_path, check_data=False)
+    except ValueError as e:
+        raise ValueError(f"--resume: the run's {saved_path}: {e}") from None
+    saved, now = _flatten(before.to_dict()), _flatten(recipe.to_dict())
+    diff = sorted(k for k in set(saved) | set(now)
+                  if saved.get(k) != now.get(k) and not _may_change(k, before, recipe))
     if diff:
         details = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff)
         raise ValueError(f"--resume: the recipe differs from the run's {saved_path} ({details}); resuming needs the "
-                         f"same recipe (only {sorted(RESUMABLE_CHANGES)} may change)")
+                         f"same recipe (only {sorted(RESUMABLE_CHANGES)} and {RESUMABLE_EVALUATOR_CHANGES} may "
+                         f"change)")
+
+
+def read_run_recipe(path: str | os.PathLike[str], *, check_data: bool = True) -> Recipe:
+    """A run's recipe.yaml as a `Recipe`; one written before `train.evaluators` took the evaluation keys is read in
+    the new form (`evalconfig.upgrade`: the same evaluations)."""
+    d = yaml.safe_load(Path(path).read_text())
+    if isinstance(d, dict) and isinstance(d.get("train"), dict):
+        d = {**d, "train": upgrade(d["train"])}
+    return Recipe.from_dict(d, check_data=check_data)
+
+
+def _may_change(key: str, *recipes: Recipe) -> bool:
+    """Whether the flattened recipe key may differ between a run and its --resume (`RESUMABLE_CHANGES`)."""
+    if key in RESUMABLE_CHANGES:
+        return True
+    parts = key.split(".")
+    if parts[:2] != ["train", "evaluators"] or len(parts) != 4:
+        return False
+    name, field = parts[2:]
+    types = {r.train.evaluators[name].type for r in recipes if name in r.train.evaluators}
+    return types == {"fewshot"} or field == "batch_size" or (types == {"classification"} and field == "every")
 
 
 def resume_point(ckpt_dir: Path, world_size: int, device: str | torch.device = "cpu"

@@ -1,6 +1,7 @@
 """One optimizer step: forward and backward over the micro-batches under autocast, global-norm clipping, the
 update only when every process saw a finite loss and gradient norm, and a check that the updated weights are
-still finite (a finite gradient times a huge learning rate or weight decay is not)."""
+still finite (a finite gradient times a huge learning rate or weight decay is not); `NonFiniteError` is how a run
+stops on non-finite numbers."""
 
 from __future__ import annotations
 
@@ -20,16 +21,25 @@ from .distributed import DistInfo, all_reduce_mean, all_true
 from .mixup import BatchMix
 
 
+class NonFiniteError(RuntimeError):
+    """The run stopped on non-finite numbers: `train.max_bad_steps` non-finite steps in a row, an update that made
+    the weights inf / nan, or weights / optimizer state about to be saved that are not finite. Nothing non-finite
+    is written; the checkpoints already on disk (all finite) are kept."""
+
+
 @dataclass
 class StepResult:
     """What one optimizer step did: mean loss of its micro-batches, global grad norm, whether it was applied, and
     whether the weights it updated are all finite afterwards (False: the update overflowed them; the caller must
-    not save, evaluate or continue from them)."""
+    not save, evaluate or continue from them); the learning rate it applied and the (H, W) of its images (None for
+    inputs that are not images, e.g. a linear probe's features), for the log."""
 
     loss: float
     grad_norm: float
     applied: bool
     weights_finite: bool = True
+    lr: float = 0.0
+    img_size: tuple[int, int] | None = None
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -45,6 +55,21 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
 
     get_total_norm = torch.nn.utils.get_total_norm
     return finite(get_total_norm(tensors, norm_type=2.0)) or finite(get_total_norm(tensors, norm_type=float("inf")))
+
+
+def first_non_finite(tensors: Any, prefix: str = "") -> str | None:
+    """The name of the first floating-point tensor holding an inf or nan in a (nested) state dict, else None."""
+    if isinstance(tensors, torch.Tensor):
+        if tensors.is_floating_point() and not all_finite([tensors]):
+            return prefix or "tensor"
+        return None
+    items = tensors.items() if isinstance(tensors, dict) else enumerate(tensors) if isinstance(
+        tensors, list | tuple) else ()
+    for k, v in items:
+        bad = first_non_finite(v, f"{prefix}.{k}" if prefix else str(k))
+        if bad is not None:
+            return bad
+    return None
 
 
 def train_step(
@@ -116,7 +141,9 @@ def train_step(
         finite = all_finite([p.detach() for p in params])  # every rank calls: a collective under FSDP
         weights_finite = all_true(stepped and finite, info)
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss_value, grad_norm, applied, weights_finite)
+    x0 = batches[0][0]
+    img_size = (int(x0.shape[-2]), int(x0.shape[-1])) if x0.dim() == 4 else None
+    return StepResult(loss_value, grad_norm, applied, weights_finite, lr=lr, img_size=img_size)
 
 
 def resize_batch(x: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:

@@ -6,17 +6,22 @@ the run's model, optimizer, data stream and random numbers are untouched. The st
 the compiled one: compiling the step twice (once per precision) would cost more than a short run does in all
 (~45 s each for the Fashion-MNIST hybrid on 2 cores). The answer is cached per machine and shape
 (`vitlab.perf.autotune`), so the measuring (a few seconds to a minute, once) is paid by the first run only.
+`run_precision` is a run's decision: the main process measures, the others take its answer.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from ..models.config import to_hw
 from ..perf.precision import choose_precision, model_signature, resolve_precision
+from .distributed import DistInfo
+from .optim import build_optimizer
 from .step import train_step
 
 
@@ -53,3 +58,20 @@ def train_precision(model: nn.Module, make_optimizer: Callable[[nn.Module], torc
         fused = any(g.get("fused") for g in opt.param_groups)
         key = f"{model_signature(model)} x{tuple(batch_shape)} {type(opt).__name__}{' fused' if fused else ''}"
         return choose_precision("auto", device, kind="train-precision", shape_key=key, run=step, what="training step")
+
+
+def run_precision(model: nn.Module, model_cfg: Any, recipe: Any, info: DistInfo, num_classes: int) -> str:
+    """A run's `train.precision`, "auto" resolved; on a CPU decided by timing this model's step in fp32 and bf16 here
+    (`train_precision` on the main process, on a micro-batch of `model_cfg`'s images; the others take its answer)."""
+    tr = recipe.train
+    if tr.precision != "auto" or info.device.type != "cpu":
+        return resolve_precision(tr.precision, info.device)
+    choice: list[str | None] = [None]
+    if info.is_main:
+        micro = tr.batch_size // tr.accum_steps // info.world_size  # (B, C, H, W) of one micro-batch
+        shape = (micro, model_cfg.in_chans, *to_hw(model_cfg.img_size))
+        choice[0] = train_precision(model, lambda m: build_optimizer(m, recipe.optim), shape, num_classes,
+                                    info.device, clip_grad_norm=recipe.optim.clip_grad_norm)
+    if info.distributed:
+        torch.distributed.broadcast_object_list(choice, src=0)
+    return cast(str, choice[0])

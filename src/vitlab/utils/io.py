@@ -12,6 +12,7 @@ must be) raises `OutputError`, "cannot write PATH: no space left on device", wha
 safetensors) raised; its temporary file is removed first, so a full disk gets its space back. `check_writable`
 finds the folder problems before any work is done. A Ctrl-C during a write is held until the file is complete
 (or removed), then delivered; a second Ctrl-C during the same write stops it at once (the temporary is removed).
+SIGTERM, where the program handles it as an interrupt (the `vitlab` command does), is held the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from types import FrameType
 from typing import Any
 
 __all__ = ["OutputError", "atomic_write", "check_writable", "copytree_atomic", "default_mode", "fsync_path",
-           "output_error", "place", "staged", "write_atomic", "writing"]
+           "holding_interrupts", "output_error", "place", "staged", "write_atomic", "writing"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -202,37 +203,51 @@ def check_writable(path: str | os.PathLike[str], *, folder: bool = False) -> Pat
 class _HoldInterrupts:
     """Within the block (main thread only), SIGINT is recorded instead of acted on, and handed to the handler that
     was there when the block ends: a file being written is finished (or removed) before Ctrl-C stops the program.
-    A second SIGINT within the block is acted on at once (KeyboardInterrupt): the user insists."""
+    A second SIGINT within the block is acted on at once (KeyboardInterrupt): the user insists. SIGTERM is held the
+    same way when a Python handler takes it (the `vitlab` program's, `vitlab train`'s): never forced, and left
+    alone otherwise (by default it kills the process, which a library does not change)."""
 
     def __init__(self) -> None:
-        self.pending = False
+        self.pending: int | None = None  # the first signal held
         self.forced = False
-        self._old: Any = None
+        self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if self.pending:
+        if self.pending is not None and signum == signal.SIGINT:
             self.forced = True
             raise KeyboardInterrupt
-        self.pending = True
+        if self.pending is None:
+            self.pending = signum
 
     def __enter__(self) -> _HoldInterrupts:
         if threading.current_thread() is threading.main_thread():
-            old = signal.getsignal(signal.SIGINT)
-            if old is not None and old is not signal.SIG_IGN:  # None: a handler not installed from Python
-                self._old = old
-                signal.signal(signal.SIGINT, self._handler)
+            for s in (signal.SIGINT, signal.SIGTERM):
+                old = signal.getsignal(s)
+                # None: a handler not installed from Python; SIGTERM's default (kill) is not ours to change
+                if old is not None and old is not signal.SIG_IGN and (s == signal.SIGINT or callable(old)):
+                    self._old[s] = old
+                    signal.signal(s, self._handler)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        old, self._old = self._old, None
-        if old is None:
+        olds, self._old = self._old, {}
+        for s, old in olds.items():
+            signal.signal(s, old)
+        signum = self.pending
+        if signum is None or self.forced:
             return
-        signal.signal(signal.SIGINT, old)
-        if self.pending and not self.forced:  # deliver the held Ctrl-C to whoever would have had it
-            if callable(old):
-                old(signal.SIGINT, None)
-            else:  # SIG_DFL: die of the signal, as the program would have
-                signal.raise_signal(signal.SIGINT)
+        old = olds[signum]  # deliver the held signal to whoever would have had it
+        if callable(old):
+            old(signum, None)
+        else:  # SIG_DFL: die of the signal, as the program would have
+            signal.raise_signal(signum)
+
+
+def holding_interrupts() -> _HoldInterrupts:
+    """A block that a Ctrl-C (or a SIGTERM the program handles) does not cut in half: the signal is acted on when it
+    ends, as within `atomic_write`. For steps that belong together, such as moving a set of finished files into
+    place or removing a temporary folder."""
+    return _HoldInterrupts()
 
 
 # -- writing -------------------------------------------------------------------------------------------------------

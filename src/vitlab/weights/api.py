@@ -97,13 +97,8 @@ def _apply(model: VisionTransformer | ResNetV2, ckpt: Checkpoint, report: LoadRe
     return report
 
 
-def save_weights(
-    model: VisionTransformer | ResNetV2,
-    path: str | Path,
-    metadata: dict[str, Any] | None = None,
-    *,
-    overwrite: bool = False,
-) -> Path:
+def save_weights(model: VisionTransformer | ResNetV2, path: str | Path, metadata: dict[str, Any] | None = None, *,
+                 overwrite: bool = False) -> Path:
     """Write `model`'s weights; the format follows the suffix, and the file is written atomically.
 
     `.safetensors`: our format, the ViTConfig, `metadata` (any JSON: recipe, metrics, class names) and

@@ -18,8 +18,9 @@ from ..models import preprocess as pp
 from ..models.config import ViTConfig, to_hw
 from ..models.resnet import ResNetConfig, config_from_dict
 from . import big_vision, bit, dinov2, eva, hf, hf_families, npz, openclip, ours, safety, timm, timm_arch, torchvision
+from . import preprocess_files as files
 from .converted import Converted, Unfixed
-from .hub import resolve
+from .hub import entry_preprocess, resolve
 from .infer import infer_config
 from .report import WeightsError
 
@@ -77,16 +78,16 @@ def _convention(ckpt: Checkpoint) -> pp.Preprocess | None:
         # ViT_*_Weights.IMAGENET1K_V1 at 224: shorter side 256, crop 224, bilinear; the SWAG_E2E weights at 384 /
         # 512 / 518: resize = crop, bicubic (ViT_L_16 V1's 242 and SWAG_LINEAR need their registry entry)
         if size == 224:
-            return pp.torchvision_classification(224, 256, "bilinear", "torchvision convention (IMAGENET1K_V1)")
+            return files.torchvision_classification(224, 256, "bilinear", "torchvision convention (IMAGENET1K_V1)")
         side = size if isinstance(size, int) else size[0]  # torchvision's ViTs are square
-        return pp.torchvision_classification(side, side, "bicubic", "torchvision convention (SWAG_E2E_V1)")
+        return files.torchvision_classification(side, side, "bicubic", "torchvision convention (SWAG_E2E_V1)")
     if ckpt.format == "big_vision":
         # big_vision's ImageNet ViT configs (vit_i1k.py, vit_s16_i1k.py) evaluate with
         # decode|resize_small(256)|central_crop(224)|value_range(-1, 1): shorter side to size / 0.875, centre crop;
         # resize_small's "area" method is TF's box filter, closest here is PIL's antialiased bilinear
         return pp.Preprocess(size, pp.INCEPTION.mean, pp.INCEPTION.std, "center_crop", 0.875, "bilinear", "rgb",
                              "big_vision convention (configs/vit_i1k.py pp_eval)")
-    return pp.vit_jax(size)
+    return files.vit_jax(size)
 
 
 def _img_size(ckpt: Checkpoint) -> int | tuple[int, int]:
@@ -379,7 +380,7 @@ def _processor_beside(ckpt: Checkpoint, base: Path) -> None:
         return
     data = _read_json(file, "preprocessor config beside the checkpoint")
     try:
-        ckpt.preprocess = pp.from_hf_processor(data, str(file))
+        ckpt.preprocess = files.from_hf_processor(data, str(file))
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise WeightsError(f"{file}: bad preprocessor config beside the checkpoint: {type(e).__name__}: {e}") from e
 
@@ -408,7 +409,7 @@ def _timm_config(ckpt: Checkpoint, data: dict[str, Any], file: Path) -> None:
     if ckpt.format not in ("timm", "npz", "big_vision"):
         return
     try:
-        ckpt.preprocess = pp.from_timm_cfg(data["pretrained_cfg"], f"{file} pretrained_cfg")
+        ckpt.preprocess = files.from_timm_cfg(data["pretrained_cfg"], f"{file} pretrained_cfg")
     except WeightsError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -432,16 +433,34 @@ def read_preprocess(name_or_path: str | Path) -> pp.Preprocess | None:
 
     A registry name's entry states it; a vitlab `.safetensors` file is read from its header only.
     """
+    return _read_preprocess(name_or_path)[0]
+
+
+def resolved_preprocess(name_or_path: str | Path, overrides: pp.Preprocess | dict[str, Any] | None = None, *,
+                        what: str | None = None) -> pp.Preprocess:
+    """The preprocessing to use for a checkpoint (`vitlab.models.preprocess.resolve`): `overrides`, else
+    `read_preprocess`'s, else the default at the size and channels of its architecture, with one warning naming
+    `what` (default: the name)."""
+    own, ckpt = _read_preprocess(name_or_path)
+    what = what or str(name_or_path)
+    if own is not None or ckpt is None:
+        return pp.resolve(own, overrides=overrides, what=what)
+    arch = ckpt.config or infer_config(ckpt.state, ckpt.known, ckpt.grid, str(ckpt.source))[0]
+    return pp.resolve(None, img_size=arch.img_size, in_chans=arch.in_chans, overrides=overrides, what=what)
+
+
+def _read_preprocess(name_or_path: str | Path) -> tuple[pp.Preprocess | None, Checkpoint | None]:
+    """The one reader behind both: (the preprocessing or None, the Checkpoint when it had to be read whole)."""
     path, entry = Path(name_or_path), None
     if not path.exists():
         resolved = resolve(name_or_path)
         path, entry = resolved.path, resolved.entry
-    if entry is not None and getattr(entry, "preprocess", None):
-        return pp.Preprocess.from_dict(entry.preprocess)
-    if path.is_file() and path.suffix == ".safetensors":
+    own = entry_preprocess(entry)
+    if own is None and path.is_file() and path.suffix == ".safetensors":
         header = ours.read_header(path)
         if ours.CONFIG_KEY in header:
-            found = ours.read_preprocess(path, header)
-            if found is not None:
-                return found
-    return read_checkpoint(path).preprocess
+            own = ours.read_preprocess(path, header)
+    if own is not None:
+        return own, None
+    ckpt = read_checkpoint(path)
+    return ckpt.preprocess, ckpt

@@ -44,3 +44,8 @@ class Converted:
         """Record that the file fixes config field `name` to `value`, and where that came from."""
         self.known[name] = value
         self.sources[name] = source
+
+    def fix_all(self, fields: dict[str, Any], where: dict[str, str]) -> None:
+        """`fix` each of `fields`, with where it came from (`where[name]`)."""
+        for name, value in fields.items():
+            self.fix(name, value, where[name])

@@ -8,8 +8,7 @@ writing the same file. So a file in the cache is always complete and, where a ch
 Offline (`VITLAB_OFFLINE=1` or `HF_HUB_OFFLINE=1`) nothing is downloaded, and a missing file is reported with
 the exact path to put it at.
 
-`vitlab.weights.hub` re-exports these names; `hub.download_url` reads `hub.RETRIES`, `hub.TIMEOUT` and
-`hub.BACKOFF` at call time.
+`download_url` reads `RETRIES`, `TIMEOUT` and `BACKOFF` at call time (tests set them here).
 """
 
 from __future__ import annotations

@@ -185,27 +185,15 @@ def arch_fields(arch: str, kw: dict[str, tuple[Any, str]], label: Callable[..., 
     _check(v, refuse)
     try:
         D, pool, swiglu = int(v("embed_dim")), v("global_pool"), v("swiglu_mlp")
-        hidden = int(D * float(v("mlp_ratio")))
-        if swiglu and (v("scale_mlp") or v("swiglu_align_to")):  # timm's SwiGLU (separate fc1_g / fc1_x) aligns
-            hidden += -hidden % int(v("swiglu_align_to")) if v("swiglu_align_to") else 0
         fc_norm = pool == "avg" if v("use_fc_norm") is None else bool(v("use_fc_norm"))
-        size, patch = v("img_size"), v("patch_size")
-        img = size if isinstance(size, int) else (tuple(size) if size[0] != size[1] else size[0])
-        if not isinstance(patch, int):
-            if len(patch) != 2 or patch[0] != patch[1]:
-                raise ValueError(f"patch_size {patch!r} is not square")
-            patch = patch[0]
+        img, patch = _input_size(v)
         norm = v("norm_layer")
-        rope, ref = (None, None)
-        if v("use_rot_pos_emb"):
-            rope = _ROPES[v("rope_type")][0]
-            ref = v("ref_feat_shape") if rope == "eva02" else None
-            ref = (ref, ref) if isinstance(ref, int) else (tuple(int(r) for r in ref) if ref is not None else None)
+        rope, ref = _rope(v)
         out: dict[str, tuple[Any, str]] = {
             "embed_dim": (D, where("embed_dim")), "depth": (int(v("depth")), where("depth")),
             "num_heads": (int(v("num_heads")), where("num_heads")),
-            "mlp_dim": (2 * hidden if swiglu else hidden, where("mlp_ratio", "embed_dim")),
-            "patch_size": (int(patch), where("patch_size")), "img_size": (img, where("img_size")),
+            "mlp_dim": (_mlp_dim(v), where("mlp_ratio", "embed_dim")),
+            "patch_size": (patch, where("patch_size")), "img_size": (img, where("img_size")),
             "class_token": (v("class_token"), where("class_token")),
             "pool": ({"avg": "gap", "token": "token"}[pool], where("global_pool")),
             "act": ("silu" if swiglu else "gelu", where("swiglu_mlp")),
@@ -229,6 +217,34 @@ def arch_fields(arch: str, kw: dict[str, tuple[Any, str]], label: Callable[..., 
     except (TypeError, ValueError, KeyError, IndexError) as e:
         raise WeightsError(f"{source}: timm architecture {arch!r}: bad argument value: {type(e).__name__}: {e}") from e
     return out
+
+
+def _mlp_dim(v: Callable[[str], Any]) -> int:
+    """The MLP's hidden width as our mlp_dim (SwiGLU: its two fc1 halves together)."""
+    hidden = int(int(v("embed_dim")) * float(v("mlp_ratio")))
+    if v("swiglu_mlp") and (v("scale_mlp") or v("swiglu_align_to")):  # timm's SwiGLU (separate fc1_g / fc1_x) aligns
+        hidden += -hidden % int(v("swiglu_align_to")) if v("swiglu_align_to") else 0
+    return 2 * hidden if v("swiglu_mlp") else hidden
+
+
+def _input_size(v: Callable[[str], Any]) -> tuple[Any, int]:
+    """(img_size: an int, or (H, W) when not square; the square patch's side)."""
+    size, patch = v("img_size"), v("patch_size")
+    img = size if isinstance(size, int) else (tuple(size) if size[0] != size[1] else size[0])
+    if not isinstance(patch, int):
+        if len(patch) != 2 or patch[0] != patch[1]:
+            raise ValueError(f"patch_size {patch!r} is not square")
+        patch = patch[0]
+    return img, int(patch)
+
+
+def _rope(v: Callable[[str], Any]) -> tuple[str | None, tuple[int, ...] | None]:
+    """(our rope kind, its reference grid: EVA-02's ref_feat_shape, None for DINOv3's), or (None, None)."""
+    if not v("use_rot_pos_emb"):
+        return None, None
+    rope = _ROPES[v("rope_type")][0]
+    ref = v("ref_feat_shape") if rope == "eva02" else None
+    return rope, (ref, ref) if isinstance(ref, int) else (tuple(int(r) for r in ref) if ref is not None else None)
 
 
 def _check(v: Callable[[str], Any], refuse: Callable[[str, str], WeightsError]) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .converted import Converted
-from .report import WeightsError
+from .report import WeightsError, bad_transformers_config
 
 MODEL_TYPE = "dinov3_vit"
 # DINOv3ViTConfig's defaults (transformers 5.x) for the keys that change the numbers.
@@ -172,13 +172,8 @@ def _layer(i: int, b: dict[str, torch.Tensor], source: str) -> dict[str, torch.T
 def convert(tensors: dict[str, torch.Tensor], config: dict[str, Any], source: str, config_source: str) -> Converted:
     """A DINOv3 checkpoint as `vitlab.weights.checkpoint` takes it: our tensors and the fields its config.json
     (`config_source`) fixes, with where each came from."""
-    try:
+    with bad_transformers_config(config_source):
         fields, where = _read(config, config_source)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:  # values of the wrong type or form
-        if isinstance(e, WeightsError):
-            raise
-        raise WeightsError(f"{config_source}: bad transformers config.json: {type(e).__name__}: {e}") from e
     out = Converted(to_ours(tensors, source))
-    for name, value in fields.items():
-        out.fix(name, value, where[name])
+    out.fix_all(fields, where)
     return out

@@ -36,7 +36,7 @@ from ..models.config import FAMILY_DEFAULTS, ViTConfig
 from ..models.posembed import sincos_2d
 from . import hf_dinov3
 from .converted import Converted
-from .report import WeightsError
+from .report import WeightsError, bad_transformers_config
 
 log = logging.getLogger("vitlab.weights")
 
@@ -243,26 +243,21 @@ _QKV = {"attention.attention.query": 0, "attention.attention.key": 1, "attention
         "self_attn.q_proj": 0, "self_attn.k_proj": 1, "self_attn.v_proj": 2}
 _GLU = {"mlp.gate_proj": 0, "mlp.up_proj": 1}  # Dinov2SwiGLUFFN's modules: fc1 = [gate; value]
 _BLOCK_RE = re.compile(r"(?:encoder\.layers?|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)")
+# transformers' module -> ours, for the modules with a weight and a bias outside the blocks
+_TOP_MODULES = {
+    "embeddings.patch_embeddings.projection": "patch_embed.proj", "embeddings.patch_embedding": "patch_embed.proj",
+    "layernorm": "norm", "post_layernorm": "norm", "pre_layrnorm": "norm_pre", "cls_classifier": "head",
+    "distillation_classifier": "head_dist", "head.attention.out_proj": "attn_pool.proj",
+    "head.layernorm": "attn_pool.norm", "head.mlp.fc1": "attn_pool.mlp.fc1", "head.mlp.fc2": "attn_pool.mlp.fc2",
+}
 _TOP = {
     "embeddings.cls_token": "cls_token",
     "embeddings.distillation_token": "dist_token",
     "embeddings.register_tokens": "reg_token",
     "embeddings.position_embeddings": "pos_embed",
-    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
-    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
-    "embeddings.patch_embedding.weight": "patch_embed.proj.weight",
-    "embeddings.patch_embedding.bias": "patch_embed.proj.bias",
-    "layernorm.weight": "norm.weight", "layernorm.bias": "norm.bias",
-    "post_layernorm.weight": "norm.weight", "post_layernorm.bias": "norm.bias",
-    "pre_layrnorm.weight": "norm_pre.weight", "pre_layrnorm.bias": "norm_pre.bias",
-    "cls_classifier.weight": "head.weight", "cls_classifier.bias": "head.bias",
-    "distillation_classifier.weight": "head_dist.weight", "distillation_classifier.bias": "head_dist.bias",
-    "visual_projection.weight": "head.weight",
+    "visual_projection.weight": "head.weight",  # CLIP's: no bias
     "head.probe": "attn_pool.latent",
-    "head.attention.out_proj.weight": "attn_pool.proj.weight", "head.attention.out_proj.bias": "attn_pool.proj.bias",
-    "head.layernorm.weight": "attn_pool.norm.weight", "head.layernorm.bias": "attn_pool.norm.bias",
-    "head.mlp.fc1.weight": "attn_pool.mlp.fc1.weight", "head.mlp.fc1.bias": "attn_pool.mlp.fc1.bias",
-    "head.mlp.fc2.weight": "attn_pool.mlp.fc2.weight", "head.mlp.fc2.bias": "attn_pool.mlp.fc2.bias",
+    **{f"{theirs}.{p}": f"{ours}.{p}" for theirs, ours in _TOP_MODULES.items() for p in ("weight", "bias")},
 }
 _PREFIXES = ("dinov2_with_registers.", "dinov2.", "deit.", "vit.", "vision_model.")
 # Tensors of other parts of a checkpoint: the text tower of CLIP / SigLIP, MAE's decoder, the mask token of masked
@@ -281,15 +276,10 @@ def convert(tensors: dict[str, torch.Tensor], config: dict[str, Any], source: st
     if config.get("model_type") == hf_dinov3.MODEL_TYPE:
         return hf_dinov3.convert(tensors, config, source, config_source)
     notes: list[str] = []
-    try:
+    with bad_transformers_config(config_source):
         fields, where = _read_config(config, config_source)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:  # values of the wrong type or form
-        if isinstance(e, WeightsError):
-            raise
-        raise WeightsError(f"{config_source}: bad transformers config.json: {type(e).__name__}: {e}") from e
     out = Converted(to_ours(tensors, config, source, notes))
-    for name, value in fields.items():
-        out.fix(name, value, where[name])
+    out.fix_all(fields, where)
     out.default_resize = fields["pos_embed_resize"]
     for note in notes:
         log.info("%s: %s", source, note)

@@ -10,9 +10,9 @@ Hub repos go through `huggingface_hub` (its cache, `HF_HUB_CACHE`, `HF_HUB_OFFLI
 token for gated repos); only the files a ViT needs are fetched: `config.json`, `preprocessor_config.json` when
 there is one, and `model.safetensors` (else `pytorch_model.bin`).
 
-Plain URLs are downloaded by `vitlab.weights.download` (cache layout, resume, checksums, locks); its names are
-re-exported here. Offline (`VITLAB_OFFLINE=1` or `HF_HUB_OFFLINE=1`) nothing is downloaded, and a missing file
-is reported with the exact path to put it at.
+Plain URLs are downloaded by `vitlab.weights.download` (cache layout, resume, checksums, locks). Offline
+(`VITLAB_OFFLINE=1` or `HF_HUB_OFFLINE=1`) nothing is downloaded, and a missing file is reported with the exact
+path to put it at.
 """
 
 from __future__ import annotations
@@ -33,19 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models.preprocess import Preprocess
 from ..utils.io import copytree_atomic
-from . import download as _download
-from .download import (  # re-exported: the plain-URL part of resolving a name
-    _HEX,
-    BACKOFF,
-    RETRIES,
-    TIMEOUT,
-    _check_cached,
-    _copy_atomic,
-    _sha256,
-    cache_root,
-    offline_reason,
-    url_cache_path,
-)
+from . import download
 from .report import WeightsError
 
 if TYPE_CHECKING:
@@ -197,7 +185,7 @@ def _entry_sha256(entry: Entry) -> str | None:
     for value in (getattr(entry, "sha256", None), getattr(entry, "sha256_prefix", None)):
         if value:
             value = str(value).lower()
-            if not _HEX.fullmatch(value):
+            if not download._HEX.fullmatch(value):
                 raise WeightsError(f"registry entry {entry.name!r}: checksum {value!r} is not hex")
             return value
     return None
@@ -233,7 +221,8 @@ def resolve(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.PathLik
         name_or_path: A local path, a registry name or alias, "hf-hub:owner/repo[@revision]", a bare
             "owner/repo" (when no such local path exists), "gs://bucket/key", or an http(s) URL (optionally
             ending in "#sha256=<digest or prefix>").
-        cache_dir: Folder for plain URL downloads instead of `cache_root()`. Hub repos always use the Hub's cache.
+        cache_dir: Folder for plain URL downloads instead of `download.cache_root()`. Hub repos always use the Hub's
+            cache.
         progress: Show a progress bar on stderr (only when it is a terminal).
 
     Returns:
@@ -273,16 +262,16 @@ def fetch_to(name_or_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
         weights = got if got.is_file() else next(folder / n for n in names if (folder / n).is_file())
         for file in [weights, *(folder / n for n in HUB_CONFIG if (folder / n).is_file())]:
             if not (out / file.name).exists():
-                _copy_atomic(file, out / file.name)
+                download._copy_atomic(file, out / file.name)
         return Resolved(out / got.name if got.is_file() else out, entry)
     if loc.kind == "url":
         assert loc.url is not None
-        dest = out / url_cache_path(loc.url, Path(".")).name
-        cached = url_cache_path(loc.url, cache_root())
+        dest = out / download.url_cache_path(loc.url, Path(".")).name
+        cached = download.url_cache_path(loc.url, download.cache_root())
         if cached.is_file() and not dest.exists():
-            _check_cached(cached, loc.sha256)
-            _copy_atomic(cached, dest)
-        return Resolved(download_url(loc.url, dest, sha256=loc.sha256, progress=progress), entry)
+            download._check_cached(cached, loc.sha256)
+            download._copy_atomic(cached, dest)
+        return Resolved(download.download_url(loc.url, dest, sha256=loc.sha256, progress=progress), entry)
     assert loc.path is not None
     dest = out / loc.path.name
     if dest.exists():
@@ -290,7 +279,7 @@ def fetch_to(name_or_path: str | os.PathLike[str], out_dir: str | os.PathLike[st
     if loc.path.is_dir():
         copytree_atomic(loc.path, dest)  # all of it or nothing (a full disk leaves no half folder)
     else:
-        _copy_atomic(loc.path, dest)
+        download._copy_atomic(loc.path, dest)
     return Resolved(dest, None)
 
 
@@ -382,7 +371,7 @@ def _hub_download(loc: Location, *, progress: bool, cache: Path, token: str | bo
     except ImportError as e:  # pragma: no cover - a dependency
         raise WeightsError(f"{loc.text}: reading from the Hugging Face Hub needs huggingface_hub ({e})") from e
     assert loc.repo_id is not None
-    repo, offline = loc.repo_id, offline_reason()
+    repo, offline = loc.repo_id, download.offline_reason()
     if offline is None and local_files_only:
         offline = "local_files_only=True"
     if offline is None and _hf_offline_at_import():
@@ -485,7 +474,7 @@ def _check_hub_file(path: Path, sha256: str, where: str) -> None:
     """A Hub weights file against the registry's sha256: in the cache an LFS file's blob is named by its sha256,
     so the name is compared (no reading); other files are hashed."""
     blob = path.resolve()
-    digest = blob.name if re.fullmatch(r"[0-9a-f]{64}", blob.name) else _sha256(blob)
+    digest = blob.name if re.fullmatch(r"[0-9a-f]{64}", blob.name) else download._sha256(blob)
     if not digest.startswith(sha256):
         raise WeightsError(f"{where}: {path.name} has sha256 {digest}, the registry expects {sha256}"
                            f"{'...' if len(sha256) < 64 else ''} (another revision of the repo?)")
@@ -527,18 +516,8 @@ def _quiet_tqdm() -> type:
 def url_download(loc: Location, *, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Path:
     """A URL's file in the cache, downloaded and verified if it is not there yet."""
     assert loc.url is not None
-    dest = url_cache_path(loc.url, Path(cache_dir) if cache_dir is not None else None)
-    return download_url(loc.url, dest, sha256=loc.sha256, progress=progress)
-
-
-def download_url(url: str, dest: str | os.PathLike[str], *, sha256: str | None = None, progress: bool = True,
-                 retries: int | None = None, timeout: float | None = None) -> Path:
-    """`vitlab.weights.download.download_url` with this module's RETRIES, TIMEOUT and BACKOFF as defaults (read
-    at call time, so setting them here still counts); see there for the arguments and errors."""
-    return _download.download_url(url, dest, sha256=sha256, progress=progress,
-                                  retries=RETRIES if retries is None else retries,
-                                  timeout=TIMEOUT if timeout is None else timeout, backoff=BACKOFF)
-
+    dest = download.url_cache_path(loc.url, Path(cache_dir) if cache_dir is not None else None)
+    return download.download_url(loc.url, dest, sha256=loc.sha256, progress=progress)
 
 
 # -- status (for `vitlab weights show`) ---------------------------------------------------------------------
@@ -550,7 +529,7 @@ def cache_status(loc: Location) -> dict[str, Any]:
         return {"path": str(loc.path), "cached": True}
     if loc.kind == "url":
         assert loc.url is not None
-        dest = url_cache_path(loc.url)
+        dest = download.url_cache_path(loc.url)
         return {"path": str(dest), "cached": dest.is_file()}
     assert loc.repo_id is not None
     from huggingface_hub import try_to_load_from_cache

@@ -87,6 +87,33 @@ def infer_config(
         if isinstance(value, Unfixed):
             raise WeightsError(f"{source}: the file does not fix {name} ({value.why}); pass {name}=... to load_model")
     why: dict[str, str] = {} if sources is None else sources
+    inferred = _shape_fields(state, source, why)
+    # pixels per token: P, or the hybrid ResNet's stride x P
+    pixel = pixels_per_token(inferred["patch_size"], inferred.get("hybrid_layers"))
+    notes: list[str] = []
+    _position_fields(state, inferred, known, grid, img_size_hint, pixel, source, why, notes)
+    if "num_heads" not in known:
+        inferred["num_heads"], why["num_heads"] = _num_heads(inferred["embed_dim"], inferred["class_token"], source)
+        notes.append(f"num_heads={inferred['num_heads']} from {why['num_heads']}: the tensors do not store it; pass "
+                     "num_heads=... if the checkpoint was trained with another")
+    for name, value, note in _conventions({**inferred, **known}, source):
+        if name not in known:
+            inferred[name], why[name] = value, note
+    fields = {**inferred, **{k: v for k, v in known.items() if k != "class_names"}}
+    shown = {k: v for k, v in inferred.items() if k not in known}
+    fields["name"] = _variant_name(fields)
+    try:
+        cfg = ViTConfig.from_dict(fields)
+    except (ValueError, TypeError) as e:  # e.g. a zero-sized tensor gives mlp_dim=0
+        raise WeightsError(f"{source}: the tensor shapes give no valid ViT: {e}") from e
+    for k in known:
+        why.pop(k, None)
+    return cfg, shown, notes
+
+
+def _shape_fields(state: dict[str, torch.Tensor], source: str, why: dict[str, str]) -> dict[str, Any]:
+    """The fields the tensor shapes fix (width, patch, depth, MLP, tokens, head, norms, biases, the hybrid's ResNet)
+    and the pooling they imply; `why` gets where each came from."""
     blocks = _check_tensors(state, source)
     D, C, ph, _ = state["patch_embed.proj.weight"].shape
     hybrid = _hybrid_fields(state, source)
@@ -117,9 +144,14 @@ def infer_config(
                                                                     "no class token") + ")"
     else:
         inferred["pool"], why["pool"] = "token", "timm's default for a class token without fc_norm"
-    # pixels per token: P, or the hybrid ResNet's stride x P
-    pixel = pixels_per_token(int(ph), hybrid.get("hybrid_layers"))
-    notes: list[str] = []
+    return inferred
+
+
+def _position_fields(state: dict[str, torch.Tensor], inferred: dict[str, Any], known: dict[str, Any],
+                     grid: tuple[int, int] | None, img_size_hint: Any, pixel: int, source: str, why: dict[str, str],
+                     notes: list[str]) -> None:
+    """Into `inferred`: the position embedding, its table's layout (no_embed_class) and the input size its grid
+    gives; `notes` say what was assumed where the file stores no table."""
     if "pos_embed" in state:
         inferred["pos_embed"] = "learned"
         prefix = int(inferred["class_token"]) + int(inferred["distilled"]) + inferred["reg_tokens"]
@@ -150,23 +182,6 @@ def infer_config(
     elif "img_size" not in known and img_size_hint is None:  # e.g. big_vision's posemb="sincos2d"
         notes.append(f"pos_embed={known['pos_embed']!r} stores no table, so the file does not fix the input size: "
                      "img_size=224 assumed (pass img_size=... if it was trained at another)")
-    if "num_heads" not in known:
-        inferred["num_heads"], why["num_heads"] = _num_heads(int(D), inferred["class_token"], source)
-        notes.append(f"num_heads={inferred['num_heads']} from {why['num_heads']}: the tensors do not store it; pass "
-                     "num_heads=... if the checkpoint was trained with another")
-    for name, value, note in _conventions({**inferred, **known}, source):
-        if name not in known:
-            inferred[name], why[name] = value, note
-    fields = {**inferred, **{k: v for k, v in known.items() if k != "class_names"}}
-    shown = {k: v for k, v in inferred.items() if k not in known}
-    fields["name"] = _variant_name(fields)
-    try:
-        cfg = ViTConfig.from_dict(fields)
-    except (ValueError, TypeError) as e:  # e.g. a zero-sized tensor gives mlp_dim=0
-        raise WeightsError(f"{source}: the tensor shapes give no valid ViT: {e}") from e
-    for k in known:
-        why.pop(k, None)
-    return cfg, shown, notes
 
 
 def _table_layout(rows: int, prefix: int, grid: tuple[int, int] | None, hint: Any, pixel: int,

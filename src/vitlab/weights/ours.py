@@ -95,17 +95,6 @@ def read_header(path: str | Path) -> dict[str, str]:
         raise _unreadable(path, e) from e
 
 
-def read_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
-    """Each tensor's shape, from the header alone (no tensor data is read)."""
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118  # safe_open has no iter
-    except (FileNotFoundError, PermissionError, IsADirectoryError):
-        raise
-    except (SafetensorError, OSError) as e:
-        raise _unreadable(path, e) from e
-
-
 def _header_json(path: str | Path, key: str, text: str) -> Any:
     try:
         return json.loads(text)

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 
 class WeightsError(ValueError):
     """A checkpoint that cannot be loaded into the model as asked (the message says why and what to do)."""
+
+
+@contextlib.contextmanager
+def bad_transformers_config(source: str) -> Iterator[None]:
+    """Within the block, reading a transformers config.json (`source`), a value of the wrong type or form
+    (TypeError, ValueError, KeyError, AttributeError) is raised as WeightsError naming the file; a WeightsError
+    passes as it is."""
+    try:
+        yield
+    except WeightsError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise WeightsError(f"{source}: bad transformers config.json: {type(e).__name__}: {e}") from e
 
 
 class ShapeMismatchError(WeightsError):

@@ -2,10 +2,11 @@
 
 A timm Hub folder's config.json names its architecture ("vit_so400m_patch14_siglip_gap_224") and, when the model
 was created with keyword arguments, carries them as "model_args". timm builds the model from the function
-registered under that name: its constructor arguments (`vitlab.weights.timm_arch_table`, generated from timm's
-source by tools/gen_timm_arch_table.py), then the config's model_args over them, then what the pretrained config
-supplies (class count, input size), then VisionTransformer's own defaults. `fields_for` follows the same order
-and turns the result into ViTConfig fields (`FIELDS`), each with a label saying which of those fixed it.
+registered under that name: its constructor arguments (`ARCHS`, from the data file timm_arch_table.json beside this
+module, generated from timm's source by tools/gen_timm_arch_table.py), then the config's model_args over them, then
+what the pretrained config supplies (class count, input size), then VisionTransformer's own defaults. `fields_for`
+follows the same order and turns the result into ViTConfig fields (`FIELDS`), each with a label saying which of
+those fixed it.
 
 Arguments that switch on something vitlab's ViT does not have (QK normalisation, RMSNorm, parallel blocks, 'prr'
 pooling, ...) raise WeightsError naming it. Architectures of timm's Eva class (eva.py: EVA-02, DINOv3, with RoPE)
@@ -15,12 +16,24 @@ and model_args state; the tensor shapes settle the rest (`vitlab.weights.infer`)
 
 from __future__ import annotations
 
+import json
 import re
+from importlib import resources
 from typing import Any
 
 from .eva import arch_fields as _eva_fields
 from .report import WeightsError
-from .timm_arch_table import ARCHS, TIMM_VERSION
+
+
+def _table() -> tuple[str, dict[str, dict[str, Any]]]:
+    """(timm's version, architecture -> {"module", "class", "tag", "default_img_size", "default_num_classes",
+    "args": constructor arguments}) from the shipped timm_arch_table.json."""
+    text = resources.files(__package__).joinpath("timm_arch_table.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    return data["timm_version"], data["archs"]
+
+
+TIMM_VERSION, ARCHS = _table()
 
 FIELDS = ("embed_dim", "depth", "num_heads", "mlp_dim", "patch_size", "img_size", "class_token", "pool", "act",
           "mlp", "mlp_norm", "layer_scale", "reg_tokens", "no_embed_class", "distilled", "fc_norm", "pre_norm",
@@ -284,6 +297,20 @@ def _side(patch: Any) -> int:
     raise ValueError(f"patch_size {patch!r} is not square")
 
 
+# the timm arguments an unknown architecture's file must give -> the ViTConfig fields they fix
+_STATED_BY: tuple[tuple[frozenset[str], tuple[str, ...]], ...] = (
+    *((frozenset({arg}), (fld,)) for arg, fld in (
+        ("embed_dim", "embed_dim"), ("depth", "depth"), ("num_heads", "num_heads"), ("patch_size", "patch_size"),
+        ("class_token", "class_token"), ("reg_tokens", "reg_tokens"), ("no_embed_class", "no_embed_class"),
+        ("qkv_bias", "qkv_bias"), ("num_classes", "num_classes"), ("init_values", "layer_scale"),
+        ("scale_mlp_norm", "mlp_norm"), ("act_layer", "act"), ("img_size", "img_size"), ("global_pool", "pool"),
+        ("norm_layer", "layer_norm_eps"), ("mlp_layer", "mlp"))),
+    (frozenset({"pre_norm"}), ("pre_norm", "patch_bias")),
+    (frozenset({"global_pool", "fc_norm"}), ("fc_norm",)),
+    (frozenset({"embed_dim", "mlp_ratio"}), ("mlp_dim",)),
+)
+
+
 def _unknown(arch: str, kw: dict[str, tuple[Any, str]], label: _Labels, source: str) -> dict[str, tuple[Any, str]]:
     """An architecture the table does not know: what its name and the given arguments state, nothing assumed.
 
@@ -298,28 +325,10 @@ def _unknown(arch: str, kw: dict[str, tuple[Any, str]], label: _Labels, source: 
         out["patch_size"] = (int(m.group(1)), name)
         out["img_size"] = (int(m.group(2)), name)
     present = {k for k, (_, origin) in kw.items() if origin != "default"}
-    simple = {"embed_dim": "embed_dim", "depth": "depth", "num_heads": "num_heads", "patch_size": "patch_size",
-              "class_token": "class_token", "reg_tokens": "reg_tokens", "no_embed_class": "no_embed_class",
-              "qkv_bias": "qkv_bias", "num_classes": "num_classes", "init_values": "layer_scale",
-              "scale_mlp_norm": "mlp_norm", "pre_norm": "pre_norm", "act_layer": "act"}
     full = _fields(arch, {**{k: (v, "default") for k, v in _DEFAULTS.items()}, **kw}, label, source, False)
-    for key, fld in simple.items():
-        if key in present:
-            out[fld] = full[fld]
-    if "pre_norm" in present:
-        out["patch_bias"] = full["patch_bias"]
-    if "img_size" in present:
-        out["img_size"] = full["img_size"]
-    if "global_pool" in present:
-        out["pool"] = full["pool"]
-        if "fc_norm" in present:
-            out["fc_norm"] = full["fc_norm"]
-    if "norm_layer" in present:
-        out["layer_norm_eps"] = full["layer_norm_eps"]
-    if "mlp_layer" in present:
-        out["mlp"] = full["mlp"]
-    if {"embed_dim", "mlp_ratio"} <= present:
-        out["mlp_dim"] = full["mlp_dim"]
+    for needs, fields in _STATED_BY:
+        if needs <= present:
+            out.update({f: full[f] for f in fields})
     return out
 
 
