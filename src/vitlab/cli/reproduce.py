@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         from ..paper.forecast import describe, forecast
 
-        print(describe(forecast(args.experiment, out, quick=args.quick, seeds=args.seeds)))
+        print(describe(forecast(args.experiment, out, quick=args.quick, seeds=args.seeds, budget_min=args.budget)))
         return 0
     page = reproduce(args.experiment, out, quick=args.quick, budget_min=args.budget, progress=want_progress(args),
                      seeds=args.seeds)

@@ -13,13 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .budget import step_seconds
+from .budget import budget_factor, step_seconds
 from .stats import seed_name
 from .subrun import finished
 
 
-def forecast(name: str, out: str | Path, *, quick: bool = False, seeds: int = 1) -> dict[str, Any]:
-    """The forecast of experiment `name` under `out` with `seeds` seeds (see the module docstring).
+def forecast(name: str, out: str | Path, *, quick: bool = False, seeds: int = 1,
+             budget_min: float | None = None) -> dict[str, Any]:
+    """The forecast of experiment `name` under `out` with `seeds` seeds and `--budget` `budget_min` (see the module
+    docstring); an OUT that holds the experiment's plan.json is forecast with its settings (made with these options,
+    else ValueError as `vitlab reproduce` would say), and nothing is written.
 
     Returns:
         {"experiment", "seeds", "runs", "runs_left", "predicted_min", "left_min", "seconds_per_step": {model key:
@@ -35,9 +38,11 @@ def forecast(name: str, out: str | Path, *, quick: bool = False, seeds: int = 1)
                 "seconds_per_step": {}, "jobs": [],
                 "note": "analysis of the other experiments' models only (trains a ViT only when none exists)"}
     if (exp_dir / "plan.json").is_file():  # the settings fixed there (read, not rewritten)
-        settings, _ = mod.plan(exp_dir, quick, None)
+        settings, _ = mod.plan(exp_dir, quick, budget_min)
     else:
         settings = mod.Settings.for_run(quick)
+        if budget_min is not None:  # the lengths `--budget` would scale to (timed here, as the run would)
+            settings.scale(budget_factor([job for _, job, _ in settings.planned_jobs()], budget_min)[0])
     timings: dict[str, float] = {}
     jobs, total, left, n_runs, n_left = [], 0.0, 0.0, 0, 0
     for base, job, per_seed in settings.planned_jobs():
