@@ -399,3 +399,21 @@ def test_a_plan_of_an_earlier_version_is_refused(tmp_path):
     (exp / "plan.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r"made by an earlier version of vitlab \(settings patience are gone"):
         data_scale.plan(exp, True, None)
+
+
+def test_plan_forecasts_a_budgeted_out_with_its_own_settings(tmp_path, monkeypatch):
+    """`--plan --budget B` on an OUT made with `--budget B` forecasts that plan's scaled steps (it was refused: the
+    forecast read the plan as if made without a budget); without a plan.json it scales as the run would, writing
+    nothing; other options are refused as `vitlab reproduce` refuses them."""
+    monkeypatch.setattr(budget, "step_seconds", lambda model, bs, k=10: 0.5)
+    monkeypatch.setattr("vitlab.paper.forecast.step_seconds", lambda model, bs, k=10: 0.5)
+    one = forecast("resolution", tmp_path, quick=True, seeds=1, budget_min=0.5)
+    assert one["predicted_min"] == pytest.approx(0.5, rel=0.05)  # one seed: the budget (steps rounded to whole)
+    fresh = forecast("resolution", tmp_path, quick=True, seeds=2, budget_min=0.5)
+    assert not (tmp_path / "resolution" / "plan.json").exists()
+    assert 0.5 < fresh["predicted_min"] < 1.0  # the second seed repeats every arm but the shared pre-training
+    resolution.plan(tmp_path / "resolution", True, 0.5)
+    same = forecast("resolution", tmp_path, quick=True, seeds=2, budget_min=0.5)
+    assert same["predicted_min"] == pytest.approx(fresh["predicted_min"])
+    with pytest.raises(ValueError, match="run it with the same options"):
+        forecast("resolution", tmp_path, quick=True, seeds=2)
