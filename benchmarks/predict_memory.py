@@ -82,8 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import vitlab
+    from vitlab.perf.cpu import machine_summary
+    from vitlab.utils.io import write_atomic
 
     results: list[dict[str, Any]] = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every row: a run stopped part-way keeps what it measured
+        write_atomic(out / "predict-memory.json", json.dumps(
+            {"model": args.model, "threads": args.threads, "torch": torch.__version__, "machine": machine_summary(),
+             "runs": results}, indent=1), overwrite=True)
+
     with tempfile.TemporaryDirectory(prefix="vitlab-predict-mem-") as tmp:
         tmpd = Path(tmp)
         torch.manual_seed(0)
@@ -112,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     if cmd_name == "eval" and res["rc"] == 0:  # what `--precision auto` chose: it sets the footprint
                         row["precision"] = json.loads((tmpd / "stdout.json").read_text())["precision"]
                     results.append(row)
+                    save()
                     print(f"round {r} {cmd_name:<7} {n:>6} images: peak RSS {res['peak_rss_mb']:7.0f} MiB  "
                           f"{res['wall_s']:6.1f} s  {row['img_per_s']:6.1f} img/s (whole process)  "
                           f"{row.get('precision', '')}  rc {res['rc']}  load {before} -> {row['load_after']}",
@@ -127,10 +138,6 @@ def main(argv: list[str] | None = None) -> int:
         rate = f", marginal {(hi - lo) / (wall[hi] - wall[lo]):.1f} img/s" if hi > lo and wall[hi] > wall[lo] else ""
         print(f"{cmd_name}: peak RSS {peaks[lo]:.0f} MiB at {lo} images, {peaks[hi]:.0f} MiB at {hi} "
               f"({peaks[hi] / peaks[lo]:.3f}x){rate}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "predict-memory.json").write_text(json.dumps(
-        {"model": args.model, "threads": args.threads, "torch": torch.__version__, "runs": results}, indent=1))
     return 0
 
 
