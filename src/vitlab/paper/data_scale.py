@@ -19,7 +19,8 @@ recipe's crops and flips.
 The budgets (50 / 25 / 10 / 8 / 8 epochs for 1k / 3k / 10k / 30k / 58.8k images) let early stopping end the small
 runs and the large ones near their best: with 4 and 3 epochs at 30k and 58.8k (2026-12-05) the ViTs' best
 validation step was at 88% and 94% of the budget, the ViT still learning, and the ResNet's lead rose from +1.4 to
-+1.5 points at the last step; with 8 epochs it falls from +1.5 at 30k to -0.3 at 58.8k (docs/paper.md).
++1.5 points at the last step; with 8 epochs it falls from +1.5 at 30k to -0.3 at 58.8k
+(benchmarks/results/HISTORY-paper.md).
 
 Early stopping judges the val loss with a patience of 5 epochs (`vitlab.train.early_stop`; issue 37): the earlier
 rule (the best raw val top-1 on the 1,200 val images, a patience of 5 evaluations, 2 epochs at 58.8k) stopped the

@@ -22,7 +22,8 @@ lr 0.1), the larger steps letting the resampled model adapt to the new scale (do
 The pre-training runs 18 epochs (8,400 steps of 128), near convergence at 16 px, as the paper's pre-training is long
 and its fine-tuning short. After 6 epochs the model read 81.5% at 16 px and the control's 3 more epochs alone added
 6.7 points, most of any gain the fine-tune could show: fine-tune +0.5 over the control. After 18 epochs: 85.8% ->
-control 89.1%, fine-tune at 28 px 90.6% (+1.5); after 30 epochs 87.1% -> 89.9% vs 91.4% (+1.4) (docs/paper.md).
+control 89.1%, fine-tune at 28 px 90.6% (+1.5); after 30 epochs 87.1% -> 89.9% vs 91.4% (+1.4)
+(benchmarks/results/HISTORY-paper.md; the current 5-seed numbers: docs/paper.md).
 
 With `seeds` > 1 the compared arms (the control and each fine-tuning) are repeated with train.seed 1, 2, ... (head,
 data order, augmentation; `stats.seed_name` directories) from the one shared pre-training: the spread is that of the

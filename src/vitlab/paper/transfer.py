@@ -14,8 +14,8 @@ which is what a ViT trained from random initialisation needs. Every run is score
 The upstream pre-training runs 15 epochs of its 36,000 images (4,200 steps of 128), as the paper's pre-training is
 long and its transfer short. After 5 epochs (89.8% on the six upstream classes) scratch still beat fine-tuning on the
 digits at 25 and all labels per class (-1.6 and -0.8 points); after 15 epochs (93.1%) fine-tuning was ahead at both
-(+0.2, +0.4; 2026-12-06, docs/paper.md). A lower fine-tuning learning rate did not help there (lr 0.03: -4.2 and -5.0
-points; 0.2: -0.8 and -1.2).
+(+0.2, +0.4; 2026-12-06, benchmarks/results/HISTORY-paper.md). A lower fine-tuning learning rate did not help
+there (lr 0.03: -4.2 and -5.0 points; 0.2: -0.8 and -1.2).
 
 With `seeds` > 1 fine-tuning and scratch are repeated with train.seed 1, 2, ... (head / model init, data order,
 augmentation; `stats.seed_name` directories) from the one shared upstream; the probe depends on the upstream only
