@@ -6,5 +6,6 @@
     autotune    measured choices cached per machine ($VITLAB_CACHE/autotune.json)
     precision   `precision: auto` (fp32 or bf16, measured), autocast, and vitlab's one timer (`time_rounds`)
     linear      row-major weight-gradient GEMMs for compiled bf16 training on AMX (`rowmajor_weight_grads`)
+    onednn      oneDNN's biased GEMM and GELU for compiled bf16 training without AMX (`onednn_training_kernels`)
     allocator   glibc malloc tuning that keeps freed training memory (`keep_freed_memory`)
 """

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..perf.linear import rowmajor_weight_grads
+from ..perf.onednn import onednn_training_kernels
 from ..perf.precision import autocast
 from .distributed import DistInfo, all_reduce_mean, all_true
 from .mixup import BatchMix
@@ -113,7 +114,8 @@ def train_step(
             x, y = mix(x, y)  # y: (B, classes) soft targets
         sync = i == accum_steps - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         no_sync = contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, model).no_sync()
-        with no_sync, autocast(device, precision), rowmajor_weight_grads(device, precision):
+        with (no_sync, autocast(device, precision), rowmajor_weight_grads(device, precision),
+              onednn_training_kernels(device, precision)):
             logits = model(x)  # (B, classes)
         if loss_fn is not None:
             loss = loss_fn(logits, y, x)
