@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_throughput as tt  # the same ViT-S/16 workload and vitlab side
 
+from vitlab.perf.allocator import keep_freed_memory
 from vitlab.perf.cpu import machine_summary
 from vitlab.train.recipe import Recipe
 
@@ -42,6 +43,7 @@ def main() -> None:
         p.error("--var takes the variable's name and at least two values")
     name, values = a.var[0], a.var[1:]
     torch.set_num_threads(a.threads)
+    keep_freed_memory()  # as `vitlab train` and train_throughput.py's vitlab side run
     sides = {}
     for v in values:
         os.environ[name] = v

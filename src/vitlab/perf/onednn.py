@@ -3,9 +3,9 @@
 torch.compile turns a training step's `F.linear(x, W, b)` into `addmm`, which first copies the broadcast bias into
 the output and then accumulates the GEMM onto it, and lowers the exact GELU into its own loop, whose vectorised erf
 (a division and an exp per element) runs at about half the speed of oneDNN's GELU. On a 2-core Zen 4 (AVX-512
-bf16 + VNNI, no AMX), ViT-S/16 batch 32, per step: the bias copies 40 ms, fc1's addmm 2.1 ms per block slower than
-the same GEMM with the bias as oneDNN's fused epilogue (`mkldnn::_linear_pointwise`: 17.9 vs 20.0 ms), and
-Inductor's GELU forward + backward ~200 ms against ~120 ms for oneDNN's (docs/speed.md, run S).
+bf16 + VNNI, no AMX), ViT-S/16 batch 32's fc1: Inductor's addmm 21.2 ms, the same GEMM with the bias as oneDNN's
+fused epilogue (`mkldnn::_linear_pointwise`) 18.1 ms, bit for bit the same result; and Inductor's GELU 4.8 ms forward and 6.5 ms backward per block against oneDNN's 2.4 and 5.0 ms
+(benchmarks/onednn_kernels.py; docs/speed.md, "Training speed", runs S and T: 1.03x the compiled step without it).
 
 `onednn_training_kernels()` is a context (a torch function mode, active only while torch.compile traces) that
 routes, in a bf16 CPU autocast region with gradients on,
