@@ -4,8 +4,9 @@ torch.compile turns a training step's `F.linear(x, W, b)` into `addmm`, which fi
 the output and then accumulates the GEMM onto it, and lowers the exact GELU into its own loop, whose vectorised erf
 (a division and an exp per element) runs at about half the speed of oneDNN's GELU. On a 2-core Zen 4 (AVX-512
 bf16 + VNNI, no AMX), ViT-S/16 batch 32's fc1: Inductor's addmm 21.2 ms, the same GEMM with the bias as oneDNN's
-fused epilogue (`mkldnn::_linear_pointwise`) 18.1 ms, bit for bit the same result; and Inductor's GELU 4.8 ms forward and 6.5 ms backward per block against oneDNN's 2.4 and 5.0 ms
-(benchmarks/onednn_kernels.py; docs/speed.md, "Training speed", runs S and T: 1.03x the compiled step without it).
+fused epilogue (`mkldnn::_linear_pointwise`) 18.1 ms, bit for bit the same result; and Inductor's GELU 4.8 ms
+forward and 6.5 ms backward per block against oneDNN's 2.4 and 5.0 ms (benchmarks/onednn_kernels.py; docs/speed.md,
+"Training speed", runs S and T: 1.03x the compiled step without it).
 
 `onednn_training_kernels()` is a context (a torch function mode, active only while torch.compile traces) that
 routes, in a bf16 CPU autocast region with gradients on,
