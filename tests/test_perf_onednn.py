@@ -219,3 +219,17 @@ def test_train_step_uses_it_where_wanted(zen4, monkeypatch):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             train_step(torch.compile(model), opt, batch, lr=0.1, device=torch.device("cpu"), precision="bf16")
         assert ("vitlab::linear_bias" in [e.key for e in prof.key_averages()]) is expect, env
+
+
+def test_compiled_with_gradient_checkpointing(zen4):
+    """With block recomputation in the backward pass (non-reentrant checkpoint under torch.compile) the context
+    still gives the gradients of the step without checkpointing."""
+    model = tiny_vit()
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 5, (4,), generator=g)
+    _, plain, _ = step_grads(model, x, y, mode=True, compiled=True)
+    model.set_grad_checkpointing(True)
+    _, ckpt, ops = step_grads(model, x, y, mode=True, compiled=True)
+    assert "vitlab::linear_bias" in ops
+    for n, w in plain.items():
+        torch.testing.assert_close(ckpt[n], w, rtol=2e-2, atol=1e-4, msg=n)
