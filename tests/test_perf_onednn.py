@@ -5,7 +5,6 @@ was measured faster (bf16 on AVX-512 bf16 without AMX), and a compiled training 
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import pytest
 import torch
@@ -13,12 +12,11 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
-from vitlab.models.config import ViTConfig
-from vitlab.models.vit import VisionTransformer
 from vitlab.perf import cpu, linear, onednn
 from vitlab.perf.onednn import OneDNNLinear, gelu, linear_bias, onednn_training_kernels, onednn_wanted
 
-BF16 = torch.bfloat16
+from .linear_helpers import BF16, autocast_linear, fp32_grads, grads, inputs, rel_err, step_grads, tiny_vit
+
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
@@ -28,35 +26,14 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.float() - ref).norm() / ref.norm().clamp_min(1e-12))
-
-
-def inputs(out_f: int, in_f: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(3, 50, in_f, generator=g)  # (B, N, in)
-    w = torch.randn(out_f, in_f, generator=g) / in_f**0.5
-    b = torch.randn(out_f, generator=g)
-    dy = torch.randn(3, 50, out_f, generator=g)
-    return x, w, b, dy
-
-
-def grads(fn, x, w, b, dy):
-    x, w, b = (t.clone().requires_grad_() for t in (x, w, b))
-    y = fn(x, w, b)
-    y.backward(dy.to(y.dtype))
-    return y.detach(), x.grad, w.grad, b.grad
+def MODE():
+    return onednn_training_kernels("cpu", "bf16")
 
 
 @pytest.mark.parametrize("out_f,in_f", [(96, 32), (32, 96), (48, 48)])
 def test_linear_is_autocasts_forward_and_as_accurate_backward(out_f, in_f):
     x, w, b, dy = inputs(out_f, in_f)
     ref = grads(F.linear, x, w, b, dy)  # fp32
-
-    def autocast_linear(x, w, b):
-        with torch.autocast("cpu", dtype=BF16):
-            return F.linear(x, w, b)
-
     plain = grads(autocast_linear, x, w, b, dy)
     ours = grads(lambda x, w, b: OneDNNLinear.apply(x, w, b, BF16), x, w, b, dy)
     assert ours[0].dtype == plain[0].dtype == BF16
@@ -151,49 +128,26 @@ def test_environment_overrides_the_cpu_rule(zen4, monkeypatch):
         onednn_wanted("cpu", "bf16")
 
 
-def tiny_vit(act: str = "gelu") -> VisionTransformer:
-    torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(embed_dim=32, depth=2, num_heads=2, mlp_dim=64, img_size=16, patch_size=4,
-                                        num_classes=5, act=act))
-    torch.nn.init.normal_(model.head.weight, std=0.1)  # the zero-initialised head would leave the blocks no gradient
-    return model
-
-
-def step_grads(model, x, y, *, mode: bool, compiled: bool) -> tuple[float, dict[str, torch.Tensor], list[str]]:
-    model = copy.deepcopy(model)
-    net = torch.compile(model, fullgraph=True) if compiled else model
-    ctx = onednn_training_kernels("cpu", "bf16") if mode else contextlib.nullcontext()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with torch.autocast("cpu", dtype=BF16), ctx:
-            loss = F.cross_entropy(net(x).float(), y)
-        loss.backward()
-    ops = [e.key for e in prof.key_averages()]
-    return loss.item(), {n: p.grad for n, p in model.named_parameters()}, ops
-
-
 def test_compiled_step_goes_through_it_and_keeps_the_gradients(zen4):
     model = tiny_vit()
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 5, (4,), generator=g)
-    with torch.autocast("cpu", enabled=False):
-        ref = copy.deepcopy(model)
-        F.cross_entropy(ref(x), y).backward()
-    want = {n: p.grad for n, p in ref.named_parameters()}
-    loss_p, plain, _ = step_grads(model, x, y, mode=False, compiled=True)
-    loss_o, ours, ops = step_grads(model, x, y, mode=True, compiled=True)
+    want = fp32_grads(model, x, y)
+    loss_p, plain, _ = step_grads(model, x, y, context=None, compiled=True)
+    loss_o, ours, ops = step_grads(model, x, y, context=MODE, compiled=True)
     assert "vitlab::linear_bias" in ops and "vitlab::gelu" in ops and "vitlab::gelu_backward" in ops
     assert abs(loss_o - loss_p) < 1e-2
     for n, w in want.items():
         assert ours[n] is not None, n
         assert rel_err(ours[n], w) <= 1.5 * rel_err(plain[n], w) + 2e-3, n
-    _, _, eager_ops = step_grads(model, x, y, mode=True, compiled=False)
+    _, _, eager_ops = step_grads(model, x, y, context=MODE, compiled=False)
     assert "vitlab::linear_bias" not in eager_ops and "vitlab::gelu" not in eager_ops  # eager: torch's own
 
 
 def test_tanh_gelu_and_inference_pass_through(zen4):
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 5, (4,), generator=g)
-    _, _, ops = step_grads(tiny_vit("gelu_tanh"), x, y, mode=True, compiled=True)
+    _, _, ops = step_grads(tiny_vit("gelu_tanh"), x, y, context=MODE, compiled=True)
     assert "vitlab::gelu" not in ops and "vitlab::linear_bias" in ops  # SigLIP2's tanh GELU keeps torch's
     model = tiny_vit().eval()
     net = torch.compile(model, fullgraph=True)
@@ -228,9 +182,9 @@ def test_compiled_with_gradient_checkpointing(zen4):
     model = tiny_vit()
     g = torch.Generator().manual_seed(2)
     x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 5, (4,), generator=g)
-    _, plain, _ = step_grads(model, x, y, mode=True, compiled=True)
+    _, plain, _ = step_grads(model, x, y, context=MODE, compiled=True)
     model.set_grad_checkpointing(True)
-    _, ckpt, ops = step_grads(model, x, y, mode=True, compiled=True)
+    _, ckpt, ops = step_grads(model, x, y, context=MODE, compiled=True)
     assert "vitlab::linear_bias" in ops
     for n, w in plain.items():
         torch.testing.assert_close(ckpt[n], w, rtol=2e-2, atol=1e-4, msg=n)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -62,49 +64,76 @@ class RowMajorLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
-        lead = x.shape[:-1]
+        x2, w = save_linear_operands(ctx, x, weight, dtype)
         with torch.autocast("cpu", enabled=False):
-            x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (M, in)
-            w = weight.to(dtype)  # (out, in)
             # (M, out); with the bias, addmm as autocast runs it (the bias added before the one rounding to dtype)
             out = torch.mm(x2, w.t()) if bias is None else torch.addmm(bias.to(dtype), x2, w.t())
-        ctx.save_for_backward(x2, w)
-        ctx.has_bias = bias is not None
-        ctx.x_shape = x.shape
-        return out.reshape(*lead, w.shape[0])
+        return out.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x2, w = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)  # (M, out)
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = torch.mm(dy2, w).reshape(ctx.x_shape) if need_x else None  # (..., in); autograd casts to x's dtype
-        dw = None
-        if need_w:
-            out_f, in_f = w.shape
-            if in_f <= out_f:  # transpose the smaller operand: X^T (in, M) @ dY (M, out) = dW^T
-                dw = mm_rowmajor(x2.t().contiguous(), dy2.contiguous()).t()
-            else:  # dY^T (out, M) @ X (M, in) = dW
-                dw = mm_rowmajor(dy2.t().contiguous(), x2.contiguous())
-        db = dy2.sum(0, dtype=torch.float32) if ctx.has_bias and need_b else None
-        return dx, dw, db, None
+        return linear_backward(ctx, dy, _rowmajor_weight_grad)
 
 
-def _plain(t: torch.Tensor | None) -> bool:
-    return t is None or type(t) in (torch.Tensor, torch.nn.Parameter)
+def _rowmajor_weight_grad(dy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """dW (out, in) = dY^T X with both GEMM operands row-major: the smaller of X^T and dY^T is the copy."""
+    out_f, in_f = dy2.shape[1], x2.shape[1]
+    if in_f <= out_f:  # transpose the smaller operand: X^T (in, M) @ dY (M, out) = dW^T
+        return mm_rowmajor(x2.t().contiguous(), dy2.contiguous()).t()
+    return mm_rowmajor(dy2.t().contiguous(), x2.contiguous())  # dY^T (out, M) @ X (M, in) = dW
+
+
+def save_linear_operands(ctx, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype):
+    """A linear Function's forward operands as its GEMM takes them, x as (M, in) and the weight (out, in), both in
+    `dtype`; saved on `ctx` for `linear_backward`."""
+    with torch.autocast("cpu", enabled=False):
+        x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (M, in)
+        w = weight.to(dtype)  # (out, in)
+    ctx.save_for_backward(x2, w)
+    ctx.x_shape = x.shape
+    return x2, w
+
+
+def linear_backward(ctx, dy: torch.Tensor, weight_grad: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
+    """The gradients of y = x W^T + b for a Function whose forward called `save_linear_operands`: dX = dY W,
+    dW = `weight_grad(dY, X)` (both (M, .) in the GEMM dtype), db = sum(dY) in fp32; None for what needs none."""
+    x2, w = ctx.saved_tensors
+    dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)  # (M, out)
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    dx = torch.mm(dy2, w).reshape(ctx.x_shape) if need_x else None  # (..., in); autograd casts to x's dtype
+    dw = weight_grad(dy2, x2) if need_w else None  # (out, in)
+    db = dy2.sum(0, dtype=torch.float32) if need_b else None  # a missing bias needs no gradient
+    return dx, dw, db, None
+
+
+def traced_bf16_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The (x, weight, bias) of an `F.linear(*args, **kwargs)` call that vitlab's training contexts may route:
+    torch.compile tracing, gradients on and wanted by x or the weight, bf16 CPU autocast, plain CPU tensors, x with
+    a batch axis, a 2-D weight. None for any other call (it runs as it is)."""
+    if not (torch.compiler.is_compiling() and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+        return None
+    x = args[0] if args else kwargs.get("input")
+    weight = args[1] if len(args) > 1 else kwargs.get("weight")
+    bias = args[2] if len(args) > 2 else kwargs.get("bias")
+    if not (plain_tensor(x) and plain_tensor(weight) and (bias is None or plain_tensor(bias))):
+        return None
+    x, weight = cast(torch.Tensor, x), cast(torch.Tensor, weight)
+    if x.device.type == "cpu" and x.ndim >= 2 and weight.ndim == 2 and (x.requires_grad or weight.requires_grad):
+        return x, weight, bias
+    return None
+
+
+def plain_tensor(t: object) -> bool:
+    """A torch.Tensor or Parameter itself, not a subclass (DTensor, FakeTensor wrappers...): what the contexts route."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
 class _RowMajorMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (func is F.linear and torch.compiler.is_compiling() and torch.is_grad_enabled()
-                and torch.is_autocast_enabled("cpu")):
-            x, weight = args[0], args[1] if len(args) > 1 else kwargs["weight"]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            dtype = torch.get_autocast_dtype("cpu")
-            if (dtype == torch.bfloat16 and x.device.type == "cpu" and x.ndim >= 2 and weight.ndim == 2
-                    and all(map(_plain, (x, weight, bias))) and (x.requires_grad or weight.requires_grad)):
-                return RowMajorLinear.apply(x, weight, bias, dtype)
+        if func is F.linear and (operands := traced_bf16_linear(args, kwargs)) is not None:
+            return RowMajorLinear.apply(*operands, torch.bfloat16)
         return func(*args, **kwargs)
 
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .cpu import amx_kernels, bf16_kernels
-from .linear import rowmajor_wanted
+from .linear import linear_backward, plain_tensor, rowmajor_wanted, save_linear_operands, traced_bf16_linear
 from .precision import resolve_precision
 
 
@@ -92,44 +92,28 @@ class OneDNNLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dtype: torch.dtype):
-        lead = x.shape[:-1]
+        x2, w = save_linear_operands(ctx, x, weight, dtype)
         with torch.autocast("cpu", enabled=False):
-            x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (M, in)
-            w = weight.to(dtype)  # (out, in)
             out = linear_bias(x2, w, bias.to(dtype))  # (M, out)
-        ctx.save_for_backward(x2, w)
-        ctx.x_shape = x.shape
-        return out.reshape(*lead, w.shape[0])
+        return out.reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x2, w = ctx.saved_tensors
-        dy2 = dy.reshape(-1, dy.shape[-1]).to(w.dtype)  # (M, out)
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = torch.mm(dy2, w).reshape(ctx.x_shape) if need_x else None  # (..., in)
-        dw = torch.mm(dy2.t(), x2) if need_w else None  # (out, in)
-        db = dy2.sum(0, dtype=torch.float32) if need_b else None
-        return dx, dw, db, None
-
-
-def _plain(t: torch.Tensor | None) -> bool:
-    return t is not None and type(t) in (torch.Tensor, torch.nn.Parameter)
+        return linear_backward(ctx, dy, lambda dy2, x2: torch.mm(dy2.t(), x2))
 
 
 class _OneDNNMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if ((func is F.linear or func is F.gelu) and torch.compiler.is_compiling() and torch.is_grad_enabled()
-                and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+        if func is F.linear:
+            operands = traced_bf16_linear(args, kwargs)
+            if operands is not None and operands[2] is not None:  # bias-free: autocast's mm is the same GEMM
+                return OneDNNLinear.apply(*operands, torch.bfloat16)
+        elif (func is F.gelu and torch.compiler.is_compiling() and torch.is_grad_enabled()
+              and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
             x = args[0] if args else kwargs.get("input")
-            if func is F.linear:
-                weight = args[1] if len(args) > 1 else kwargs.get("weight")
-                bias = args[2] if len(args) > 2 else kwargs.get("bias")
-                if (_plain(x) and _plain(weight) and _plain(bias) and x.device.type == "cpu" and x.ndim >= 2
-                        and weight.ndim == 2 and (x.requires_grad or weight.requires_grad)):
-                    return OneDNNLinear.apply(x, weight, bias, torch.bfloat16)
-            elif (_plain(x) and x.device.type == "cpu" and x.dtype == torch.bfloat16
-                  and kwargs.get("approximate", args[1] if len(args) > 1 else "none") == "none"):
+            approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
+            if plain_tensor(x) and x.device.type == "cpu" and x.dtype == torch.bfloat16 and approximate == "none":
                 return gelu(x)
         return func(*args, **kwargs)
 
