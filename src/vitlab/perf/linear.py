@@ -110,8 +110,7 @@ def traced_bf16_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.T
     """The (x, weight, bias) of an `F.linear(*args, **kwargs)` call that vitlab's training contexts may route:
     torch.compile tracing, gradients on and wanted by x or the weight, bf16 CPU autocast, plain CPU tensors, x with
     a batch axis, a 2-D weight. None for any other call (it runs as it is)."""
-    if not (torch.compiler.is_compiling() and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
-            and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+    if not tracing_bf16_training():
         return None
     x = args[0] if args else kwargs.get("input")
     weight = args[1] if len(args) > 1 else kwargs.get("weight")
@@ -122,6 +121,12 @@ def traced_bf16_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.T
     if x.device.type == "cpu" and x.ndim >= 2 and weight.ndim == 2 and (x.requires_grad or weight.requires_grad):
         return x, weight, bias
     return None
+
+
+def tracing_bf16_training() -> bool:
+    """torch.compile is tracing a region with gradients on under bf16 CPU autocast: where the contexts act."""
+    return (torch.compiler.is_compiling() and torch.is_grad_enabled() and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16)
 
 
 def plain_tensor(t: object) -> bool:

@@ -32,7 +32,14 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .cpu import amx_kernels, bf16_kernels
-from .linear import linear_backward, plain_tensor, rowmajor_wanted, save_linear_operands, traced_bf16_linear
+from .linear import (
+    linear_backward,
+    plain_tensor,
+    rowmajor_wanted,
+    save_linear_operands,
+    traced_bf16_linear,
+    tracing_bf16_training,
+)
 from .precision import resolve_precision
 
 
@@ -109,8 +116,7 @@ class _OneDNNMode(TorchFunctionMode):
             operands = traced_bf16_linear(args, kwargs)
             if operands is not None and operands[2] is not None:  # bias-free: autocast's mm is the same GEMM
                 return OneDNNLinear.apply(*operands, torch.bfloat16)
-        elif (func is F.gelu and torch.compiler.is_compiling() and torch.is_grad_enabled()
-              and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16):
+        elif func is F.gelu and tracing_bf16_training():
             x = args[0] if args else kwargs.get("input")
             approximate = args[1] if len(args) > 1 else kwargs.get("approximate", "none")
             if plain_tensor(x) and x.device.type == "cpu" and x.dtype == torch.bfloat16 and approximate == "none":
