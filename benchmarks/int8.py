@@ -30,6 +30,7 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -112,25 +113,29 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
                 for _ in range(2):
                     f(x)
             secs: dict[str, list[float]] = {m: [] for m in fns}
+            faults: dict[str, list[int]] = {m: [] for m in fns}  # minor page faults of the process during each call
             names = list(fns)
             for r in range(args.rounds):
                 # each round in another order, with a pause before each call: the runtimes' worker threads spin on
                 # after a call (ONNX Runtime's intra-op pool, OpenVINO's TBB arena) and would slow whatever ran next
                 for m in names[r % len(names):] + names[: r % len(names)]:
                     time.sleep(args.pause)
+                    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                     t = time.perf_counter()
                     fns[m](x)
                     secs[m].append(time.perf_counter() - t)
+                    faults[m].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
         flops = count_flops(cfg) * b
         rows = {}
         for m in fns:
             med = statistics.median(secs[m])
             ratio = statistics.median(o / s for o, s in zip(secs[m], secs[OURS], strict=True)) if OURS in secs else None
             rows[m] = {"seconds": secs[m], "median_s": med, "img_per_s": b / med, "ours_speedup": ratio,
-                       "pct_int8_peak": 100 * flops / med / peaks["int8"]}
+                       "pct_int8_peak": 100 * flops / med / peaks["int8"], "minor_faults": faults[m]}
             lines.append(f"batch {b:>2} {m:<14} {med * 1e3:9.1f} ms {b / med:7.2f} img/s  "
                          f"{'' if ratio is None else f'ours x{ratio:.2f}':>10}  "
-                         f"{rows[m]['pct_int8_peak']:5.1f}% of int8 peak")
+                         f"{rows[m]['pct_int8_peak']:5.1f}% of int8 peak  "
+                         f"{statistics.median(faults[m]):8.0f} page faults/call")
             print(lines[-1], flush=True)
         result["batches"][b] = rows
         if OURS in fns and b == max(args.batches):

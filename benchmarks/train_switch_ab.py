@@ -2,8 +2,9 @@
 
 On a small shared VM the speed of separately started processes differs by up to ~10% (docs/speed.md), more than
 the few percent a kernel choice moves a training step. Here both settings live in the same process: one compiled
-model per setting (built and warmed while the variable holds that setting; torch.compile keeps a graph for each,
-because the switch's function mode is part of what it guards on), then rounds alternate the settings, the order
+model per setting (built and warmed while the variable holds that setting; torch.compile keeps a graph for each
+only where the setting changes what it guards on, e.g. whether a function mode is active: a value that compiles no
+graph of its own would time another value's graphs, so it is refused), then rounds alternate the settings, the order
 reversed every other round, the variable set before each side runs. The ratio of each round is paired, so a
 machine that speeds up or slows down moves both sides alike.
 
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_throughput as tt  # the same ViT-S/16 workload and vitlab side
@@ -45,6 +47,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     keep_freed_memory()  # as `vitlab train` and train_throughput.py's vitlab side run
     sides = {}
+    graphs = counters["stats"]["unique_graphs"]
     for v in values:
         os.environ[name] = v
         torch.manual_seed(0)
@@ -52,7 +55,11 @@ def main() -> None:
         for _ in range(3):  # compile and warm with the setting in force
             run()
         sides[v] = run
-        print(f"{name}={v}: built (precision {precision})", flush=True)
+        new, graphs = counters["stats"]["unique_graphs"] - graphs, counters["stats"]["unique_graphs"]
+        print(f"{name}={v}: built (precision {precision}; {new} graphs compiled)", flush=True)
+        if new == 0:  # dynamo reused another side's graphs: both sides would time the same code
+            raise SystemExit(f"{name}={v} compiled no graph of its own: torch.compile reused the graphs of an earlier "
+                             f"value (its guards do not see this variable), so the A/B would time one setting twice")
     res: dict[str, list[float]] = {v: [] for v in values}
     loads = []
     for r in range(a.rounds):
