@@ -8,7 +8,16 @@ import json
 from typing import Any
 
 from ..models.preprocess import Preprocess
-from ._common import add_device, add_preprocess, add_progress, positive, preprocess_overrides, want_progress
+from ._common import (
+    add_device,
+    add_memory,
+    add_preprocess,
+    add_progress,
+    apply_memory,
+    positive,
+    preprocess_overrides,
+    want_progress,
+)
 
 HELP = "evaluate a checkpoint: top-1/top-5, per-class accuracy, confusion matrix"
 DESCRIPTION = """\
@@ -50,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "image (2x the compute); reported beside, never instead of, the single-view number")
     add_preprocess(p)
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    add_memory(p)
     add_progress(p)
 
 
@@ -77,10 +87,9 @@ def format_result(r: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ..inference.evaluate import evaluate_checkpoint
-    from ..perf.allocator import bounded_heap
 
     positive("--batch-size", args.batch_size)
-    bounded_heap()  # big blocks mmapped and unmapped when freed: the peak memory is one batch's however many images
+    apply_memory(args.memory)  # bounded: the peak memory is one batch's however many images; reuse: faster
     r = evaluate_checkpoint(args.checkpoint, args.data, split=args.split, batch_size=args.batch_size,
                             precision=args.precision, device=args.device, mode=args.mode, tta=args.tta,
                             preprocess=preprocess_overrides(args), progress=want_progress(args))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ._common import add_preprocess, positive, preprocess_overrides
+from ._common import add_memory, add_preprocess, apply_memory, positive, preprocess_overrides
 from .eval import MODES
 
 HELP = "classify image files with a checkpoint"
@@ -31,15 +31,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="fp32",
                    help="inference speed mode from vitlab.optimize (accuracy cost per mode: docs/speed.md)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_memory(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import iter_predict
-    from ..perf.allocator import bounded_heap
 
     positive("--top-k", args.top_k)
     positive("--batch-size", args.batch_size)
-    bounded_heap()  # big blocks mmapped and unmapped when freed: the peak memory is one batch's however many images
+    apply_memory(args.memory)  # bounded: the peak memory is one batch's however many images; reuse: faster
     results = iter_predict(args.checkpoint, args.images, args.top_k, preprocess_overrides(args), args.mode,
                            batch_size=args.batch_size)
     if args.json:

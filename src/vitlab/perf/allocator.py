@@ -50,12 +50,18 @@ def _mallopt(*settings: tuple[int, int]) -> bool:
     return all([mallopt(param, value) == 1 for param, value in settings])
 
 
+_keeping = False  # keep_freed_memory is in force: release_freed_memory leaves the heap alone
+
+
 @functools.cache
 def keep_freed_memory() -> bool:
     """Tune glibc malloc for repeated large allocations; True when applied. A no-op (False) off Linux/glibc,
-    or when the user already set MALLOC_MMAP_THRESHOLD_ (their choice wins)."""
-    return _mallopt((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, 2**31 - 1),
-                    (_M_TOP_PAD, 64 * 1024 * 1024))
+    or when the user already set MALLOC_MMAP_THRESHOLD_ (their choice wins). Once applied, `release_freed_memory`
+    does nothing in this process: what is kept is meant to be reused."""
+    global _keeping
+    _keeping = _mallopt((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, 2**31 - 1),
+                        (_M_TOP_PAD, 64 * 1024 * 1024))
+    return _keeping
 
 
 _INFERENCE_MMAP_THRESHOLD = 256 * 1024
@@ -69,7 +75,10 @@ def bounded_heap() -> bool:
     that of one batch. glibc otherwise raises its mmap threshold to the largest block freed so far and serves later
     blocks from the heap: ViT-S/16 eval at batch 16 peaked ~95 MiB higher (975 against 882 MiB, 4,000 images). True
     when applied; a no-op (False) off Linux/glibc or when MALLOC_MMAP_THRESHOLD_ is set (the user's choice wins).
-    Set once per process by the commands, never by library calls."""
+    Set once per process by the commands (`--memory bounded`, their default), never by library calls. It costs
+    speed: every batch's activations are new mappings the kernel faults in and zeroes again (ViT-S/16 bf16 eval of 800
+    images: 12.7 million page faults, 1.5-1.6x the time with `keep_freed_memory`, which `--memory reuse` applies;
+    docs/speed.md, "Memory")."""
     return _mallopt((_M_MMAP_THRESHOLD, _INFERENCE_MMAP_THRESHOLD))
 
 
@@ -78,9 +87,11 @@ def release_freed_memory() -> bool:
     the batches of `vitlab predict` / `vitlab eval`: glibc keeps freed blocks of one batch's activations (bf16
     autocast's weight copies among them), and the next batch's blocks, which do not always fit the holes, grow the
     heap, so without it the peak resident set crept up with the number of batches (ViT-S/16 bf16 eval: 928 MiB
-    after 26 batches, 983 MiB after 226; with it 946 MiB from batch 26 on). Costs about a millisecond."""
+    after 26 batches, 983 MiB after 226; with it 946 MiB from batch 26 on). Costs about a millisecond, and the pages
+    it hands back are faulted in again by the next batch. False, and nothing done, in a process that keeps freed
+    memory (`keep_freed_memory`: a training process, or `vitlab eval/predict --memory reuse`)."""
     trim = _libc_function("malloc_trim")
-    if trim is None:
+    if trim is None or _keeping:
         return False
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
