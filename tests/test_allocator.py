@@ -69,7 +69,7 @@ _FAULTS = textwrap.dedent("""
 def test_memory_policy_as_the_kernel_counts_it(policy):
     """`--memory` of eval / predict, in a fresh process: 20 batches' worth of 8 MiB blocks, freed and released
     between them. bounded: each block is a new mapping, so the kernel faults in its 2,048 pages every time; reuse:
-    the block is kept and reused, release_freed_memory leaves it alone: faults for one block, not twenty."""
+    the block is kept and reused, release_freed_memory leaves it alone: faults for a few blocks, not twenty."""
     out = subprocess.run([sys.executable, "-c", _FAULTS, policy], capture_output=True, text=True, timeout=120,
                          env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")})
     assert out.returncode == 0, out.stderr
@@ -78,7 +78,9 @@ def test_memory_policy_as_the_kernel_counts_it(policy):
     if policy == "bounded":
         assert int(faults) >= 20 * 2048 * 0.9, out.stdout
     else:
-        assert int(faults) < 4 * 2048, out.stdout  # at most a few blocks' pages (measured: one block's, 2,048)
+        # at most half the blocks' pages (measured: one to four blocks' worth, 2,048-8,192, the more when the machine
+        # is busy; glibc maps a block apart when the heap cannot grow in place)
+        assert int(faults) < 10 * 2048, out.stdout
 
 
 def test_memory_policy_names_a_bad_choice():
