@@ -6,7 +6,8 @@
 `--modes ... int8-static-fp32attn` adds int8-static with attention kept in fp32 (what int8-static ran before
 attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-static-bf16math` with attention in
 bf16 through the flash kernel / written out (`quant.attention_plan` picks one per host class), to see what each buys in
-the same rounds; `openvino-int8` quantises with NNCF's `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since
+the same rounds; `int8-static-fp32out` / `int8-static-bf16out` with the linear layers writing fp32 / bf16
+(`quant.linear_outputs_dtype` picks per host class); `openvino-int8` quantises with NNCF's `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since
 2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults, and
 `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
 
@@ -52,6 +53,8 @@ OURS = "int8-static"
 FP32_ATTENTION = "int8-static-fp32attn"  # int8-static with attention kept in fp32 (quantize_static(attention="fp32"))
 # int8-static with attention as other hosts run it: the flash kernel in bf16 (AMX's choice), written out in bf16
 ATTENTION_VARIANTS = {FP32_ATTENTION: "fp32", "int8-static-bf16flash": "bf16", "int8-static-bf16math": "bf16-math"}
+# int8-static with its linear layers' outputs forced one way (quantize_static(outputs=...); "auto" picks per host class)
+OUTPUT_VARIANTS = {"int8-static-fp32out": "fp32", "int8-static-bf16out": "bf16"}
 OV_NNCF_DEFAULT = "openvino-int8-nncf-default"  # NNCF with its default model type (what openvino-int8 was)
 
 
@@ -80,6 +83,8 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
             if mode in ATTENTION_VARIANTS:  # int8-static with its attention forced one way (the comparison)
                 out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib,
                                                   attention=ATTENTION_VARIANTS[mode])[1]
+            elif mode in OUTPUT_VARIANTS:  # ... or its linear outputs' dtype
+                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib, outputs=OUTPUT_VARIANTS[mode])[1]
             elif mode == OV_NNCF_DEFAULT:
                 out[mode] = openvino_nncf_default(model, calib, example)
             else:

@@ -41,4 +41,6 @@ class OptimizedModel(nn.Module):
         meta = getattr(self.module, "meta", {})
         attention = meta.get("attention_dtype")  # int8-static: what attention ran in (and how, when written out)
         kernel = f" ({meta['attention_kernel']})" if attention and meta.get("attention_kernel") else ""
-        return f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}{kernel}" if attention else "")
+        outputs = f", linear outputs={meta['outputs_dtype']}" if meta.get("outputs_dtype") else ""
+        return (f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}{kernel}" if attention else "")
+                + outputs)
