@@ -135,6 +135,8 @@ def test_linear_outputs_are_bf16_where_attention_is_written_out_in_bf16(monkeypa
         monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="", f=flags: f)
         monkeypatch.setattr(cpu, "cpu_has_amx", lambda cpuinfo="", f=flags: "amx_bf16" in f)
         assert quant.linear_outputs_dtype("auto") == dtype, sorted(flags)
+    assert quant.linear_outputs_dtype("auto", attention="fp32") == torch.float32  # follows the attention asked for
+    assert quant.linear_outputs_dtype("auto", attention="bf16-math") == torch.bfloat16
     assert quant.linear_outputs_dtype("fp32") == torch.float32
     assert quant.linear_outputs_dtype("bf16") == torch.bfloat16
     with pytest.raises(ValueError, match=r"outputs must be one of \('auto', 'fp32', 'bf16'\), got 'fp16'"):

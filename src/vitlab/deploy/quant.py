@@ -28,8 +28,8 @@ on Zen 4 (docs/speed.md). Elsewhere (AVX2, AVX-512 without bf16, or kernels held
 stream stay fp32. Where attention is written out in bf16 (the Zen 4 class), the int8 GEMMs also write bf16
 (`outputs="auto"`, `linear_outputs_dtype`: the compiled graph runs under bf16 autocast, and Inductor's
 int8-mixed-bf16 lowering gives each `qlinear_pointwise` a bf16 output), halving the bytes the loops after them
-read: ViT-B/16 batch 8 ~3% faster on a 2-core Zen 4, top-1 agreement with fp32 99.26% against 99.39% with fp32
-outputs (docs/speed.md, "Static int8").
+read: ViT-B/16 2% faster at batch 8 and 6% at batch 1 on a 2-core Zen 4, top-1 agreement with fp32 99.26% and 99.38%
+against 99.39% and 99.40% with fp32 outputs on two trained models (docs/speed.md, "Static int8").
 
 Needs torchao (`pip install 'vitlab[quant]'`) and a C++ compiler (Inductor), CPU only.
 """
@@ -177,14 +177,14 @@ def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
     return changed
 
 
-def linear_outputs_dtype(outputs: str = "auto") -> torch.dtype:
-    """The dtype static int8's linear layers write for `quantize_static(outputs=...)`: "fp32", "bf16", or "auto":
-    bf16 where attention is written out in bf16 (`attention_plan`: AVX512-BF16 without AMX, Zen 4 / Cooper Lake class,
-    where it was measured faster), fp32 elsewhere."""
+def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:
+    """The dtype static int8's linear layers write for `quantize_static(outputs=..., attention=...)`: "fp32", "bf16",
+    or "auto": bf16 where attention is written out in bf16 (`attention_plan(attention)`; with attention "auto", on
+    AVX512-BF16 without AMX, the Zen 4 / Cooper Lake class, where it was measured faster), fp32 elsewhere."""
     if outputs not in OUTPUT_DTYPES:
         raise ValueError(f"outputs must be one of {OUTPUT_DTYPES}, got {outputs!r}")
     if outputs == "auto":
-        dtype, kernel = attention_plan("auto")
+        dtype, kernel = attention_plan(attention)
         return torch.bfloat16 if (dtype, kernel) == (torch.bfloat16, "math") else torch.float32
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[outputs]
 
@@ -226,7 +226,7 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
     if calib_images < 1:
         raise ValueError(f"calib_images must be >= 1, got {calib_images}")
     attn_dtype, attn_kernel = attention_plan(attention)
-    out_dtype = linear_outputs_dtype(outputs)
+    out_dtype = linear_outputs_dtype(outputs, attention)
     images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
     qpt2e, x86 = _torchao()
     model = model.eval()
