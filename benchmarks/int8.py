@@ -7,9 +7,9 @@
 attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-static-bf16math` with attention in
 bf16 through the flash kernel / written out (`quant.attention_plan` picks one per host class), to see what each buys in
 the same rounds; `int8-static-fp32out` / `int8-static-bf16out` with the linear layers writing fp32 / bf16
-(`quant.linear_outputs_dtype` picks per host class); `openvino-int8` quantises with NNCF's `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since
-2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults, and
-`ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
+(`quant.linear_outputs_dtype` picks per host class); `openvino-int8` quantises with NNCF's
+`model_type=TRANSFORMER` (vitlab's OpenVINO int8 since 2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults,
+and `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
 
 speed: every mode built on the same weights (ViT-B/16 at 224 px, random-init weights perturbed: timing does not
 depend on the values), calibrated on the same images; then interleaved rounds (each round calls every mode once,
