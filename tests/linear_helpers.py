@@ -45,6 +45,22 @@ def autocast_linear(x, w, b):
         return F.linear(x, w, b)
 
 
+def check_linear_function(apply: Callable, out_f: int, in_f: int) -> None:
+    """`apply(x, w, b)` (a bf16 linear autograd Function) against autocast's linear and fp32: the forward bit for bit
+    autocast's (the bias added in the fp32 accumulator before the one rounding, as addmm does), each fp32 gradient as
+    close to fp32's as autograd's own bf16 one (bf16 GEMM, fp32 accumulation), with a little slack."""
+    x, w, b, dy = inputs(out_f, in_f)
+    ref = grads(F.linear, x, w, b, dy)  # fp32
+    plain = grads(autocast_linear, x, w, b, dy)
+    ours = grads(apply, x, w, b, dy)
+    assert ours[0].dtype == plain[0].dtype == BF16
+    torch.testing.assert_close(ours[0], plain[0], rtol=0, atol=0)
+    for got, theirs, want in zip(ours[1:], plain[1:], ref[1:], strict=True):
+        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
+        assert rel_err(got, want) <= 1.25 * rel_err(theirs, want) + 1e-3, (rel_err(got, want), rel_err(theirs, want))
+        assert rel_err(got, want) < 2e-2
+
+
 def tiny_vit(act: str = "gelu") -> VisionTransformer:
     torch.manual_seed(0)
     model = VisionTransformer(ViTConfig(embed_dim=32, depth=2, num_heads=2, mlp_dim=64, img_size=16, patch_size=4,

@@ -13,7 +13,7 @@ from torch.overrides import TorchFunctionMode
 from vitlab.perf import cpu, linear
 from vitlab.perf.linear import RowMajorLinear, mm_rowmajor, rowmajor_wanted, rowmajor_weight_grads
 
-from .linear_helpers import BF16, autocast_linear, fp32_grads, grads, inputs, rel_err, step_grads, tiny_vit
+from .linear_helpers import BF16, check_linear_function, fp32_grads, grads, inputs, rel_err, step_grads, tiny_vit
 
 
 @pytest.fixture(autouse=True)
@@ -27,17 +27,7 @@ def fresh_dynamo():
 
 @pytest.mark.parametrize("out_f,in_f", [(96, 32), (32, 96), (48, 48)])  # X^T copied, dY^T copied, either
 def test_rowmajor_linear_matches_autocast_and_fp32(out_f, in_f):
-    x, w, b, dy = inputs(out_f, in_f)
-    ref = grads(torch.nn.functional.linear, x, w, b, dy)  # fp32: the reference both bf16 paths are held to
-    plain = grads(autocast_linear, x, w, b, dy)
-    ours = grads(lambda x, w, b: RowMajorLinear.apply(x, w, b, BF16), x, w, b, dy)
-    assert ours[0].dtype == plain[0].dtype == BF16
-    torch.testing.assert_close(ours[0], plain[0], rtol=0, atol=0)  # forward: the very addmm autocast runs
-    for got, theirs, want in zip(ours[1:], plain[1:], ref[1:], strict=True):
-        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
-        # as close to fp32 as autograd's bf16 gradient is (bf16 GEMM, fp32 accumulation), with a little slack
-        assert rel_err(got, want) <= 1.25 * rel_err(theirs, want) + 1e-3, (rel_err(got, want), rel_err(theirs, want))
-        assert rel_err(got, want) < 2e-2
+    check_linear_function(lambda x, w, b: RowMajorLinear.apply(x, w, b, BF16), out_f, in_f)
 
 
 def test_frozen_weights_get_no_gradient_and_inputs_still_do():

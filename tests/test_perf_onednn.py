@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from vitlab.perf import cpu, linear, onednn
 from vitlab.perf.onednn import OneDNNLinear, gelu, linear_bias, onednn_training_kernels, onednn_wanted
 
-from .linear_helpers import BF16, autocast_linear, fp32_grads, grads, inputs, rel_err, step_grads, tiny_vit
+from .linear_helpers import BF16, check_linear_function, fp32_grads, inputs, rel_err, step_grads, tiny_vit
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
@@ -32,17 +32,7 @@ def MODE():
 
 @pytest.mark.parametrize("out_f,in_f", [(96, 32), (32, 96), (48, 48)])
 def test_linear_is_autocasts_forward_and_as_accurate_backward(out_f, in_f):
-    x, w, b, dy = inputs(out_f, in_f)
-    ref = grads(F.linear, x, w, b, dy)  # fp32
-    plain = grads(autocast_linear, x, w, b, dy)
-    ours = grads(lambda x, w, b: OneDNNLinear.apply(x, w, b, BF16), x, w, b, dy)
-    assert ours[0].dtype == plain[0].dtype == BF16
-    # the bias added in the fp32 accumulator before the one rounding, as autocast's addmm does: bit-identical
-    torch.testing.assert_close(ours[0], plain[0], rtol=0, atol=0)
-    for got, theirs, want in zip(ours[1:], plain[1:], ref[1:], strict=True):
-        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape
-        assert rel_err(got, want) <= 1.25 * rel_err(theirs, want) + 1e-3, (rel_err(got, want), rel_err(theirs, want))
-        assert rel_err(got, want) < 2e-2
+    check_linear_function(lambda x, w, b: OneDNNLinear.apply(x, w, b, BF16), out_f, in_f)
 
 
 def test_frozen_weights_get_no_gradient():
