@@ -7,7 +7,8 @@
 attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-static-bf16math` with attention in
 bf16 through the flash kernel / written out (`quant.attention_plan` picks one per host class), to see what each buys in
 the same rounds; `int8-static-fp32out` / `int8-static-bf16out` with the linear layers writing fp32 / bf16
-(`quant.linear_outputs_dtype` picks per host class); `openvino-int8` quantises with NNCF's
+(`quant.linear_outputs_dtype` picks per host class); `int8-static-pywrapper` with Inductor's Python wrapper (what
+int8-static ran before its C++ wrapper, 2026-12-07); `openvino-int8` quantises with NNCF's
 `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since 2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults,
 and `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
 
@@ -51,10 +52,14 @@ from vitlab.utils.io import write_atomic
 
 OURS = "int8-static"
 FP32_ATTENTION = "int8-static-fp32attn"  # int8-static with attention kept in fp32 (quantize_static(attention="fp32"))
-# int8-static with attention as other hosts run it: the flash kernel in bf16 (AMX's choice), written out in bf16
-ATTENTION_VARIANTS = {FP32_ATTENTION: "fp32", "int8-static-bf16flash": "bf16", "int8-static-bf16math": "bf16-math"}
-# int8-static with its linear layers' outputs forced one way (quantize_static(outputs=...); "auto" picks per host class)
-OUTPUT_VARIANTS = {"int8-static-fp32out": "fp32", "int8-static-bf16out": "bf16"}
+# int8-static with attention as other hosts run it (the flash kernel in bf16: AMX's choice; written out in bf16),
+# with its linear layers' outputs forced one way (quantize_static(outputs=...); "auto" picks per host class), or with
+# Inductor's Python wrapper (cpp_wrapper=False): quantize_static's keywords for each variant
+PYWRAPPER = "int8-static-pywrapper"
+VARIANTS: dict[str, dict[str, Any]] = {
+    FP32_ATTENTION: {"attention": "fp32"}, "int8-static-bf16flash": {"attention": "bf16"},
+    "int8-static-bf16math": {"attention": "bf16-math"}, "int8-static-fp32out": {"outputs": "fp32"},
+    "int8-static-bf16out": {"outputs": "bf16"}, PYWRAPPER: {"cpp_wrapper": False}}
 OV_NNCF_DEFAULT = "openvino-int8-nncf-default"  # NNCF with its default model type (what openvino-int8 was)
 
 
@@ -80,11 +85,8 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
     for mode in modes:
         t = time.perf_counter()
         try:
-            if mode in ATTENTION_VARIANTS:  # int8-static with its attention forced one way (the comparison)
-                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib,
-                                                  attention=ATTENTION_VARIANTS[mode])[1]
-            elif mode in OUTPUT_VARIANTS:  # ... or its linear outputs' dtype
-                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib, outputs=OUTPUT_VARIANTS[mode])[1]
+            if mode in VARIANTS:  # int8-static with one of its choices forced one way (the comparison)
+                out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib, **VARIANTS[mode])[1]
             elif mode == OV_NNCF_DEFAULT:
                 out[mode] = openvino_nncf_default(model, calib, example)
             else:
@@ -144,8 +146,13 @@ def speed(args: argparse.Namespace) -> dict[str, Any]:
             print(lines[-1], flush=True)
         result["batches"][b] = rows
         if OURS in fns and b == max(args.batches):
-            with torch.no_grad(), profile() as prof:
-                fns[OURS](x)
+            # the profiler sees no op under int8-static's C++ wrapper: profile the same graph with the Python one
+            pywrapped = fns.get(PYWRAPPER) or quant.quantize_static(copy.deepcopy(model).eval(), calib,
+                                                                     cpp_wrapper=False)[1]
+            with torch.no_grad():
+                pywrapped(x)
+                with profile() as prof:
+                    pywrapped(x)
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70)
             result["profile_batch"], result["profile"] = b, table
             print(table, flush=True)

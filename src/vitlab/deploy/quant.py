@@ -31,6 +31,11 @@ int8-mixed-bf16 lowering gives each `qlinear_pointwise` a bf16 output), halving 
 read: ViT-B/16 2% faster at batch 8 and 6% at batch 1 on a 2-core Zen 4, top-1 agreement with fp32 99.26% and 99.38%
 against 99.39% and 99.40% with fp32 outputs on two trained models (docs/speed.md, "Static int8").
 
+4. Inductor writes the compiled graph's wrapper (the code that allocates buffers and calls each kernel and oneDNN
+   GEMM in turn) in C++ rather than Python (`cpp_wrapper=True`): ~150 calls per ViT-B/16 forward each lose their
+   Python overhead, 5-6% faster at batch 1 and 2% at batch 8 on a 2-core Zen 4, at the cost of a longer first
+   call per batch size (the wrapper is compiled too: ~15 s more for ViT-B/16 on 2 cores; docs/speed.md).
+
 Needs torchao (`pip install 'vitlab[quant]'`) and a C++ compiler (Inductor), CPU only.
 """
 
@@ -190,7 +195,7 @@ def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torc
 
 
 def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES,
-                    attention: str = "auto", outputs: str = "auto",
+                    attention: str = "auto", outputs: str = "auto", cpp_wrapper: bool = True,
                     ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
 
@@ -208,10 +213,12 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             half the bytes for the loops that read them: the q/k/v split, GELU, the residual adds; the residual stream
             and the LayerNorms stay fp32, as autocast adds a bf16 output to an fp32 residual in fp32), or "auto"
             (`linear_outputs_dtype`: bf16 where attention is written out in bf16, fp32 elsewhere).
+        cpp_wrapper: Have Inductor write the graph's wrapper in C++ (faster calls, slower first call per batch
+            size); False keeps its Python wrapper.
 
     Returns:
-        (the quantised graph module, a function images -> fp32 logits that runs it compiled). The first call for
-        each batch size compiles (tens of seconds for ViT-B/16 on 2 cores).
+        (the quantised graph module, a function images -> fp32 logits that runs it compiled, without autograd).
+        The first call for each batch size compiles (tens of seconds for ViT-B/16 on 2 cores).
 
     Raises:
         MissingExtraError: torchao is not installed (`vitlab[quant]`).
@@ -252,8 +259,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
     def run(x: torch.Tensor) -> torch.Tensor:
         # freezing: weights become constants, packed once for oneDNN's int8 kernels. Passed as a config patch
         # around the call, not as torch.compile(options=...), which fails to fake-run onednn.qconv_prepack.
-        with _quiet(), torch._inductor.config.patch(freezing=True), torch.autocast("cpu", torch.bfloat16,
-                                                                                   enabled=mixed):
+        # No autograd: with grad enabled Inductor would compile a training graph, where freezing does not apply
+        # (no packed int8 GEMMs: ViT-B/16 twice as slow).
+        with (_quiet(), torch.no_grad(), torch._inductor.config.patch(freezing=True, cpp_wrapper=cpp_wrapper),
+              torch.autocast("cpu", torch.bfloat16, enabled=mixed)):
             return compiled(x.float()).float()  # type: ignore[no-any-return]
 
     return qmodel, run
