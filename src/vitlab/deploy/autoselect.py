@@ -64,7 +64,7 @@ _HOPELESS = 2.0  # a warm-up slower than this many times the best median so far 
 # and warming up, in fp32 forward passes of the example batch (t1) plus seconds, from ViT-B/16 batch 8 at 1 thread
 # on this page's Xeon with AMX (t1 = 2.8 s; docs/speed.md "optimize auto"); the calibrated modes add one forward
 # per 8 calibration images (`_estimate`); int8-static 15 s more since its graph has a C++ wrapper to compile too
-# (ViT-B/16 on 2 Zen 4 cores, 2026-12-07).
+# (ViT-B/16 on 2 Zen 4 cores, 2026-12-07: +7 s with Inductor's kernel cache warm, +22 s cold).
 _BUILD_COST: dict[str, tuple[float, float]] = {
     "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "compile-bf16": (3.0, 15.0),
     "int8-static": (2.0, 50.0), "ort-int8-dynamic": (2.0, 20.0), "ort-int8": (4.0, 100.0), "openvino-int8": (4.0, 45.0),

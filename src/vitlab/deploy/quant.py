@@ -33,8 +33,10 @@ against 99.39% and 99.40% with fp32 outputs on two trained models (docs/speed.md
 
 4. Inductor writes the compiled graph's wrapper (the code that allocates buffers and calls each kernel and oneDNN
    GEMM in turn) in C++ rather than Python (`cpp_wrapper=True`): ~150 calls per ViT-B/16 forward each lose their
-   Python overhead, 5-6% faster at batch 1 and 2% at batch 8 on a 2-core Zen 4, at the cost of a longer first
-   call per batch size (the wrapper is compiled too: ~15 s more for ViT-B/16 on 2 cores; docs/speed.md).
+   Python overhead, 3-14% faster at batch 1 and 2% at batch 8 on a 2-core Zen 4 (docs/speed.md), at the cost of a
+   longer first call per batch size, as the wrapper is compiled too: ViT-B/16 on 2 cores ~21 s instead of ~14 s
+   once Inductor's on-disk kernel cache holds the loops (they are built apart from the wrapper for that:
+   `cpp_wrapper_build_separate`; a frozen graph is never cached whole), ~36 s the first time.
 
 Needs torchao (`pip install 'vitlab[quant]'`) and a C++ compiler (Inductor), CPU only.
 """
@@ -261,7 +263,8 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         # around the call, not as torch.compile(options=...), which fails to fake-run onednn.qconv_prepack.
         # No autograd: with grad enabled Inductor would compile a training graph, where freezing does not apply
         # (no packed int8 GEMMs: ViT-B/16 twice as slow).
-        with (_quiet(), torch.no_grad(), torch._inductor.config.patch(freezing=True, cpp_wrapper=cpp_wrapper),
+        with (_quiet(), torch.no_grad(), torch._inductor.config.patch(freezing=True, cpp_wrapper=cpp_wrapper,
+                                                                     cpp_wrapper_build_separate=cpp_wrapper),
               torch.autocast("cpu", torch.bfloat16, enabled=mixed)):
             return compiled(x.float()).float()  # type: ignore[no-any-return]
 
