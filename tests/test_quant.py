@@ -67,6 +67,20 @@ def test_static_int8_agrees_with_fp32_and_runs_int8_kernels():
         assert torch.equal(v, before[k])
 
 
+@pytest.mark.slow  # two Inductor compiles
+def test_cpp_wrapper_runs_the_flash_attention_plan_bitwise_as_the_python_one():
+    """The C++ wrapper (the default) on the plan AMX hosts take (attention through the bf16 flash kernel, fp32 linear
+    outputs), whatever this host's own plan: the same numbers as Inductor's Python wrapper."""
+    from vitlab.deploy.quant import quantize_static
+
+    model = _tiny()
+    calib, x = torch.randn(32, 3, 32, 32), torch.randn(5, 3, 32, 32)
+    q, run_cpp = quantize_static(model, calib, attention="bf16", outputs="fp32")
+    _, run_py = quantize_static(model, calib, attention="bf16", outputs="fp32", cpp_wrapper=False)
+    assert (q.meta["attention_dtype"], q.meta["outputs_dtype"]) == ("bfloat16", "float32")
+    assert torch.equal(run_cpp(x), run_py(x))
+
+
 def test_static_int8_errors_are_named():
     model = _tiny(depth=1)
     with pytest.raises(ValueError, match="needs calibration images"):
