@@ -51,10 +51,15 @@ def test_paired_ratios_are_peer_time_over_ours():
         Result("infer", "timm", "fp32", 8, [2.0, 2.0, 3.0], 1e9, 1e11),
         Result("infer", "timm", "bf16", 8, [9.0, 9.0, 9.0], 1e9, 1e11),
         Result("infer", "ours[int8]", "int8", 8, [0.5, 0.5, 0.5], 1e9, None),
+        Result("infer", "ours[auto]", "bf16", 8, [0.5, 1.0, 0.5], 1e9, None),
+        Result("infer", "openvino-int8", "int8", 8, [1.0, 1.0, 2.0], 1e9, None),
     ]
     _paired_ratios(rs)
     assert rs[0].ratio_vs == {"timm/fp32": 2.0}  # median of 2/1, 2/2, 3/1; the bf16 peer is not comparable
-    assert rs[3].ratio_vs == {"timm/fp32": 4.0}  # a speed mode is compared with the fp32 eager peers
+    # a speed mode is compared with the fp32 eager peers and those of its own dtype
+    assert rs[3].ratio_vs == {"timm/fp32": 4.0, "openvino-int8/int8": 2.0}
+    # auto, whatever dtype it picked, with every peer
+    assert rs[4].ratio_vs == {"timm/fp32": 4.0, "timm/bf16": 18.0, "openvino-int8/int8": 2.0}
     s = rs[0].summary()
     assert s["images_per_s"] == 8 / 1.0 and s["mfu"] == pytest.approx(1e9 / 1.0 / 1e11)
 

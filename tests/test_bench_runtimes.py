@@ -22,8 +22,8 @@ import json, sys
 from vitlab.bench import RUNTIME_PEERS, BenchConfig, run_bench
 bc = BenchConfig(
     model="ViT-Ti/16", img_size=28, batch_sizes=(2,), dtypes=("fp32",), peers=tuple(RUNTIME_PEERS),
-    modes=("int8",), train_batch=None, warmup=1, rounds=2, peak_size=128, accuracy_data="synthetic",
-    accuracy_images=24, calib_images=16,
+    modes=("int8", "int8-static", "auto"), train_batch=None, warmup=1, rounds=2, peak_size=128,
+    accuracy_data="synthetic", accuracy_images=24, calib_images=16,
     overrides={"depth": 1, "patch_size": 7, "in_chans": 1, "num_classes": 10},
 )
 sys.stdout.write("\\n@@" + json.dumps(run_bench(bc)))
@@ -47,6 +47,14 @@ def test_runtime_peers_are_checked_timed_and_costed():
         assert len(rows[name]["seconds"]) == 2
     assert {"openvino/fp32", "onnxruntime/fp32"} <= set(rows["ours"]["ratio_vs"])
     assert {"openvino-int8/int8", "onnxruntime-int8/int8", "openvino/fp32"} <= set(rows["ours[int8]"]["ratio_vs"])
+    # the calibrated modes run too (`vitlab bench --modes int8-static auto`), calibrated on the training split:
+    # static int8 against the int8 runtimes at its own dtype, with an MFU against the int8 peak; auto, whatever
+    # it picked, against every peer
+    static = rows["ours[int8-static]"]
+    assert static["dtype"] == "int8" and 0.5 <= static["agreement"] <= 1.0 and static["mfu"] is not None
+    assert {"openvino-int8/int8", "onnxruntime-int8/int8", "onnxruntime-int8-dynamic/int8"} <= set(static["ratio_vs"])
+    assert set(rows["ours[auto]"]["ratio_vs"]) == {f"{n}/{rows[n]['dtype']}" for n in RUNTIME_PEERS}
+    assert rows["ours[auto]"]["agreement"] >= 0.5
     assert "24 synthetic/test images" in rows["openvino"]["note"]
     table = format_table(out)
     assert "openvino-int8" in table and "agree" in table

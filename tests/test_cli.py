@@ -116,6 +116,8 @@ def test_choices_spelled_in_the_cli_agree_with_the_library():
     # the CLI's --mode: the torch modes that need no calibration images
     assert tuple(m for m in MODES if m not in CALIBRATED_MODES + RUNTIME_MODES) == eval_cli.MODES
     assert eval_cli.TTA_MODES == evaluate.TTA_MODES
+    # bench's --modes: every torch mode, calibrated ones included (bench has calibration images); runtimes are peers
+    assert tuple(m for m in MODES if m not in RUNTIME_MODES) == bench_cli.BENCH_MODES
     assert convert_cli.FORMATS == publish.EXPORT_FORMATS
     assert bench_cli.PEERS == bench.PEERS and set(bench_cli.DTYPES) == set(bench.DTYPES)
     assert export_cli.DEFAULT_OPSET == export.DEFAULT_OPSET

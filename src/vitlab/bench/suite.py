@@ -76,8 +76,9 @@ class Result:
 def _paired_ratios(results: list[Result]) -> None:
     """Fill `ratio_vs` of each of our entries with, per peer, the median over rounds of (peer time / our time).
 
-    Plain `ours` is compared with the peers in the same dtype; a speed mode (`ours[int8]`, ...) with the peers'
-    fp32 eager inference, the baseline a user would otherwise run.
+    Plain `ours` is compared with the peers in the same dtype; a speed mode (`ours[int8]`, ...) also with the peers'
+    fp32 eager inference, the baseline a user would otherwise run; `ours[auto]` (whatever mode it picked) with every
+    peer, each at its own dtype: the fastest vitlab against each peer's settings.
     """
     for r in results:
         if not r.name.startswith("ours"):
@@ -86,7 +87,7 @@ def _paired_ratios(results: list[Result]) -> None:
             if p.name.startswith("ours") or p.task != r.task or p.batch != r.batch:
                 continue
             mode_vs_fp32 = r.task == "infer" and r.name.startswith("ours[") and p.dtype == "fp32"
-            if p.dtype == r.dtype or mode_vs_fp32:
+            if p.dtype == r.dtype or mode_vs_fp32 or r.name == "ours[auto]":
                 n = min(len(r.seconds), len(p.seconds))
                 r.ratio_vs[f"{p.name}/{p.dtype}"] = statistics.median(p.seconds[i] / r.seconds[i] for i in range(n))
 
@@ -195,13 +196,15 @@ def _validate(bc: BenchConfig) -> None:
 
 
 def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
-    """FLOP/s peaks per compute dtype the candidates use (fp16 and int8 only when a speed mode needs them)."""
+    """FLOP/s peaks per compute dtype the candidates use (fp16 only for the fp16 mode; int8 on the CPU when an int8
+    mode, `auto` or an int8 runtime runs)."""
     log.info("measuring matmul peaks ...")
     device, n = bc.device, bc.peak_size
     peaks = {d: matmul_peak(DTYPES[d], device, n) for d in ("fp32", "bf16")}
     if "fp16" in bc.modes:
         peaks["fp16"] = matmul_peak(torch.float16, device, n)
-    if "int8" in bc.modes and device == "cpu":
+    int8_peers = any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers)
+    if device == "cpu" and (int8_peers or any("int8" in m or m == "auto" for m in bc.modes)):
         peaks["int8"] = matmul_peak(torch.int8, device, n)
     return peaks
 

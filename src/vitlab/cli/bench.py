@@ -22,6 +22,7 @@ machine's measured matmul peak, and peak memory; the same results go to bench.js
 output folder. Library: vitlab.bench."""
 EXAMPLES = """\
   vitlab bench --model ViT-B/16 --batch-sizes 1 8 32 --dtypes fp32 bf16 --modes int8 compile
+  vitlab bench --model ViT-B/16 --batch-sizes 8 1 --dtypes fp32 --modes int8-static auto --train-batch 0
   vitlab bench --model ViT-Ti/16 --img-size 32 --depth 2 --rounds 2 --peak-size 256 -o /tmp/b   # seconds"""
 
 # vitlab.bench.PEERS and DTYPES, spelled out so that --help imports no torch (tests/test_cli.py checks that they
@@ -29,6 +30,9 @@ EXAMPLES = """\
 PEERS = ("timm", "transformers", "torchvision", "onnxruntime", "onnxruntime-int8", "onnxruntime-int8-dynamic",
          "openvino", "openvino-int8")
 DTYPES = ("bf16", "fp32")
+# our torch speed modes (vitlab.optimize's, less the runtimes, which are --peers); the calibrated ones (int8-static,
+# auto) calibrate on the training images of --accuracy-data, as the int8 runtimes do
+BENCH_MODES = (*MODES, "int8-static", "auto")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,8 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32], help="inference batch sizes")
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=DTYPES, help="inference dtypes")
     p.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS, help="libraries to compare with")
-    p.add_argument("--modes", nargs="*", default=["int8", "compile"], choices=MODES,
-                   help="our speed modes to measure alongside fp32 (vitlab.optimize)")
+    p.add_argument("--modes", nargs="*", default=["int8", "compile"], choices=BENCH_MODES,
+                   help="our speed modes to measure alongside fp32 (vitlab.optimize); int8-static and auto "
+                        "calibrate on --calib-images training images of --accuracy-data")
     p.add_argument("--train-batch", type=int, default=32, help="batch of the training step; 0 skips training")
     p.add_argument("--train-peers", nargs="*", default=["timm", "transformers", "torchvision"], choices=PEERS[:3],
                    help="libraries whose training step is timed")
