@@ -59,16 +59,18 @@ _SLOW_CALL_S = 2.0
 _HOPELESS = 2.0  # a warm-up slower than this many times the best median so far ends a candidate's timing
 
 # Every CPU mode in the order tried: the cheap ones (seconds), then those that can win by a wide margin where the
-# CPU has native bf16 / int8 (compiles and calibrations: tens of seconds to minutes), then the fp32 runtimes and
-# compile (fast to build, rarely the winner where bf16 or int8 is native). Cost of building, compiling (first call)
-# and warming up, in fp32 forward passes of the example batch (t1) plus seconds, from ViT-B/16 batch 8 at 1 thread
-# on this page's Xeon with AMX (t1 = 2.8 s; docs/speed.md "optimize auto"); the calibrated modes add one forward
-# per 8 calibration images (`_estimate`); int8-static 15 s more since its graph has a C++ wrapper to compile too
-# (ViT-B/16 on 2 Zen 4 cores, 2026-12-07: +7 s with Inductor's kernel cache warm, +22 s cold).
+# CPU has native bf16 / int8 (compiles and calibrations: tens of seconds to minutes), our static int8 first (the
+# winner on every class measured: AMX, Zen 4, AVX2; tried after compile-bf16, it could miss a first call's budget on
+# a 2-core Zen 4: 2026-12-07), then the fp32 runtimes and compile (fast to build, rarely the winner where bf16 or
+# int8 is native). Cost of building, compiling (first call) and warming up, in fp32 forward passes of the example
+# batch (t1) plus seconds, from ViT-B/16 batch 8 at 1 thread on this page's Xeon with AMX (t1 = 2.8 s;
+# docs/speed.md "optimize auto"); the calibrated modes add one forward per 8 calibration images (`_estimate`);
+# int8-static 10 s more since its graph has a C++ wrapper to compile too (ViT-B/16 on 2 Zen 4 cores, 2026-12-07:
+# +7 s with Inductor's kernel cache warm, +22 s cold).
 _BUILD_COST: dict[str, tuple[float, float]] = {
-    "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "compile-bf16": (3.0, 15.0),
-    "int8-static": (2.0, 50.0), "ort-int8-dynamic": (2.0, 20.0), "ort-int8": (4.0, 100.0), "openvino-int8": (4.0, 45.0),
-    "openvino": (2.0, 20.0), "ort": (1.0, 10.0), "compile": (3.0, 45.0),
+    "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "int8-static": (2.0, 45.0),
+    "compile-bf16": (3.0, 15.0), "ort-int8-dynamic": (2.0, 20.0), "ort-int8": (4.0, 100.0),
+    "openvino-int8": (4.0, 45.0), "openvino": (2.0, 20.0), "ort": (1.0, 10.0), "compile": (3.0, 45.0),
 }
 _CALIBRATED = {"int8-static": DEFAULT_CALIB_IMAGES, "ort-int8": 300, "openvino-int8": 300}  # images each uses at most
 _BF16 = ("bf16", "compile-bf16")
