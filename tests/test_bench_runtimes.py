@@ -53,8 +53,12 @@ def test_runtime_peers_are_checked_timed_and_costed():
     static = rows["ours[int8-static]"]
     assert static["dtype"] == "int8" and 0.5 <= static["agreement"] <= 1.0 and static["mfu"] is not None
     assert {"openvino-int8/int8", "onnxruntime-int8/int8", "onnxruntime-int8-dynamic/int8"} <= set(static["ratio_vs"])
-    assert set(rows["ours[auto]"]["ratio_vs"]) == {f"{n}/{rows[n]['dtype']}" for n in RUNTIME_PEERS}
-    assert rows["ours[auto]"]["agreement"] >= 0.5
+    auto = rows["ours[auto]"]
+    assert set(auto["ratio_vs"]) == {f"{n}/{rows[n]['dtype']}" for n in RUNTIME_PEERS}
+    assert auto["agreement"] >= 0.5 and static["mode"] == "int8-static"
+    # its row is costed at the dtype of the mode it ran (an int8 mode against the int8 peak, not the fp32 one)
+    assert auto["mode"] not in (None, "auto") and (auto["dtype"] == "int8") == ("int8" in auto["mode"])
+    assert f"ours[auto] ran the mode it chose: {auto['mode']}" in format_table(out)
     assert "24 synthetic/test images" in rows["openvino"]["note"]
     table = format_table(out)
     assert "openvino-int8" in table and "agree" in table

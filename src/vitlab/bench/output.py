@@ -52,6 +52,9 @@ def format_table(out: dict) -> str:
     notes = sorted({r["note"] for r in out["results"] if r.get("note")})
     lines.append("agree / max|d|: top-1 agreement with / largest logit difference from our fp32 model"
                  + (f" ({'; '.join(notes)})" if notes else ""))
+    chose = sorted({r["mode"] for r in out["results"] if r["name"] == "ours[auto]" and r.get("mode")})
+    if chose:
+        lines.append(f"ours[auto] ran the mode it chose: {', '.join(chose)}")
     for k, v in out.get("skipped", {}).items():
         lines.append(f"skipped {k}: {v}")
     return "\n".join(lines)

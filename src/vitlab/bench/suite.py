@@ -55,6 +55,7 @@ class Result:
     note: str = ""
     agreement: float | None = None  # inference: top-1 agreement with our fp32 model on the accuracy images
     max_logit_diff: float | None = None  # inference: max |logits - our fp32 logits| on the same images
+    mode: str | None = None  # our speed modes: the mode that ran (for "auto", the one it chose)
 
     @property
     def median(self) -> float:
@@ -240,7 +241,8 @@ def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, 
         for mode in bc.modes:
             log.info("preparing mode %s ...", mode)
             fast = optimize(ours, mode, calib=calib if mode in CALIBRATED_MODES else None)
-            cands[f"ours[{mode}]"] = (fast, "int8" if "int8" in mode else _DTYPE_NAMES[fast.dtype])
+            chosen = fast.mode  # what runs: `auto` picks one of the others (its dtype is that mode's)
+            cands[f"ours[{mode}]"] = (fast, "int8" if "int8" in chosen else _DTYPE_NAMES[fast.dtype])
     return cands
 
 
@@ -282,11 +284,12 @@ def _bench_inference(ours: VisionTransformer, bc: BenchConfig, cfg: ViTConfig, p
             log.info("inference %s batch %d: warm-up %s", dname, b, ", ".join(calls))
             times = _time_interleaved(calls, bc)
             for name, call in calls.items():
-                cdt = cands[name][1]
+                fn, cdt = cands[name]
                 results.append(Result("infer", name, cdt, b, times[name], flops_fwd * b, peaks.get(cdt),
                                       peak_memory(call, device), agreement=accuracy[name][0],
                                       max_logit_diff=accuracy[name][1],
-                                      note=f"accuracy on {len(acc_x)} {acc_src} images" if len(acc_x) else ""))
+                                      note=f"accuracy on {len(acc_x)} {acc_src} images" if len(acc_x) else "",
+                                      mode=getattr(fn, "mode", None) if name.startswith("ours[") else None))
                 log.info("  %-22s %9.1f img/s", name, b / statistics.median(times[name]))
         del cands, calls
     return results
