@@ -113,6 +113,11 @@ def test_tiny_bench_end_to_end(tmp_path, caplog):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert {"machine", "config", "matmul_peak_gflops", "results"} <= set(data)
     assert {"fp32", "bf16", "int8"} <= set(data["matmul_peak_gflops"])
+    # measured at the start and at the end; the larger is the peak every MFU is against
+    start, end = data["matmul_peak_gflops_start"], data["matmul_peak_gflops_end"]
+    assert data["matmul_peak_gflops"] == {k: max(start[k], end[k]) for k in start}
+    for r in data["results"]:
+        assert r["peak_flops"] == pytest.approx(data["matmul_peak_gflops"][r["dtype"]] * 1e9)
     assert data["machine"]["loadavg_start"] is not None
     names = {(r["task"], r["name"], r["dtype"]) for r in data["results"]}
     assert {("infer", "ours", "fp32"), ("infer", "timm", "fp32"), ("infer", "torchvision", "bf16"),
