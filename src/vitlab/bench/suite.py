@@ -206,6 +206,11 @@ def _validate(bc: BenchConfig) -> None:
                          f"{bc.calib_images}")
 
 
+def _int8_peers(bc: BenchConfig) -> bool:
+    """Whether an int8 runtime (calibrated or dynamic) is among the peers."""
+    return any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers)
+
+
 def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
     """FLOP/s peaks per compute dtype the candidates use (fp16 only for the fp16 mode; int8 on the CPU when an int8
     mode, `auto` or an int8 runtime runs)."""
@@ -214,8 +219,7 @@ def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
     peaks = {d: matmul_peak(DTYPES[d], device, n) for d in ("fp32", "bf16")}
     if "fp16" in bc.modes:
         peaks["fp16"] = matmul_peak(torch.float16, device, n)
-    int8_peers = any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers)
-    if device == "cpu" and (int8_peers or any("int8" in m or m == "auto" for m in bc.modes)):
+    if device == "cpu" and (_int8_peers(bc) or any("int8" in m or m == "auto" for m in bc.modes)):
         peaks["int8"] = matmul_peak(torch.int8, device, n)
     return peaks
 
@@ -268,8 +272,7 @@ def _bench_inference(ours: VisionTransformer, bc: BenchConfig, cfg: ViTConfig, p
     with torch.inference_mode():
         acc_ref = _logits(ours, acc_x.to(device), bc)
     calib = None
-    int8_peers = any(RUNTIME_PEERS.get(p, {}).get("fp32") == "int8" for p in bc.peers)
-    if (int8_peers or any(m in CALIBRATED_MODES for m in bc.modes)) and "fp32" in bc.dtypes:
+    if (_int8_peers(bc) or any(m in CALIBRATED_MODES for m in bc.modes)) and "fp32" in bc.dtypes:
         calib, calib_src = _real_images(bc, cfg, "train", bc.calib_images)
         log.info("int8 runtimes and modes calibrate on %d images of %s", len(calib), calib_src)
     results = []
