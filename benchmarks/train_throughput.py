@@ -68,8 +68,8 @@ def synthetic_batches(recipe, num_classes: int, n: int = 4) -> list[tuple[torch.
 
 
 def vitlab_side(recipe, steps_per_round: int, preset: str):
-    """A closure running `steps_per_round` steps of vitlab's own loop (stream + train_step), returning images/s,
-    and the precision `auto` chose (measured as a run measures it)."""
+    """A closure running `steps_per_round` steps of vitlab's own loop (stream + train_step, with the recipe's
+    `train.int8`), returning images/s, and the precision `auto` chose (measured as a run measures it)."""
     import itertools
 
     from vitlab.train.tune import train_precision
@@ -84,6 +84,8 @@ def vitlab_side(recipe, steps_per_round: int, preset: str):
     else:
         stream = itertools.cycle(synthetic_batches(recipe, num_classes))
     model = build_model(recipe, num_classes=num_classes)
+    if recipe.train.int8:  # its own class, so torch.compile keeps a graph per side (one process runs both)
+        model.__class__ = type(f"{type(model).__name__}Int8", (type(model),), {})
     shape = (recipe.train.batch_size, cfg.in_chans, cfg.img_size, cfg.img_size)
     precision = train_precision(model, lambda m: build_optimizer(m, recipe.optim), shape, num_classes, "cpu",
                                 recipe.train.precision, clip_grad_norm=recipe.optim.clip_grad_norm)
@@ -97,7 +99,7 @@ def vitlab_side(recipe, steps_per_round: int, preset: str):
         for _ in range(steps_per_round):
             train_step(net, opt, [next(stream)], lr=recipe.optim.lr, device=dev, precision=precision,
                        clip_grad_norm=recipe.optim.clip_grad_norm, label_smoothing=recipe.train.label_smoothing,
-                       mix=mix)
+                       mix=mix, int8=recipe.train.int8)
         return steps_per_round * recipe.train.batch_size / (time.perf_counter() - t)
 
     return run, precision
@@ -264,6 +266,8 @@ def main() -> None:
     p.add_argument("--compiled-baseline", action="store_true", help="also timm + bf16 autocast + torch.compile")
     p.add_argument("--tuned-baseline", action="store_true",
                    help="also timm + bf16 autocast + explicit attention + fused AdamW + torch.compile")
+    p.add_argument("--int8", action="store_true",
+                   help="also vitlab with train.int8 (int8 linear layers, SwitchBack) in the same process")
     p.add_argument("-o", "--output", default=None, help="write the table (Markdown) and a .json beside it")
     args = p.parse_args()
     import logging
@@ -284,6 +288,10 @@ def main() -> None:
         args.compiled_baseline, args.tuned_baseline))
     child.start()
     ours, chosen = vitlab_side(recipe, args.steps, args.preset)  # measures `auto` while the child builds
+    ours8 = None
+    if args.int8:
+        recipe8 = make_recipe(args.preset, args.config, [*args.overrides, "train.int8=true"])
+        ours8, _ = vitlab_side(recipe8, args.steps, args.preset)
     if conn.recv() != "ready":
         raise RuntimeError("the baseline process did not start")
 
@@ -299,7 +307,9 @@ def main() -> None:
     variants = baseline_variants(args.workers, args.preset, args.compiled_baseline, args.tuned_baseline)
     ours_label = (f"vitlab ({recipe.train.precision} -> {chosen}{compile_note}, fused AdamW, {data_note}, "
                   f"{allocator})")
-    sides = {ours_label: ours, **{label: remote(i) for i, (label, *_) in enumerate(variants)}}
+    int8_label = ours_label.replace("vitlab (", "vitlab int8 linears (", 1)
+    sides = {ours_label: ours, **({int8_label: ours8} if ours8 else {}),
+             **{label: remote(i) for i, (label, *_) in enumerate(variants)}}
     plain = [label for label, _, _, c in variants if not c]
     compiled = [label for label, _, _, c in variants if c == "compile"]
     tuned = [label for label, _, _, c in variants if c == "tuned"]
@@ -338,6 +348,12 @@ def main() -> None:
               for name, vals in results.items()]
     lines += ["", f"vitlab / best plain timm loop (eager, fp32 or bf16 autocast): {ours_med / baseline:.2f}x "
                   f"(medians); per round: {', '.join(f'{x:.2f}' for x in per_round)}"]
+    if ours8:
+        per8 = [results[int8_label][i] / max(results[label][i] for label in plain) for i in range(args.rounds)]
+        pair = [results[int8_label][i] / results[ours_label][i] for i in range(args.rounds)]
+        lines.append(f"vitlab int8 linears / best plain timm loop: {med[int8_label] / baseline:.2f}x (medians); per "
+                     f"round: {', '.join(f'{x:.2f}' for x in per8)}; / vitlab without: "
+                     f"{', '.join(f'{x:.2f}' for x in pair)}")
     if compiled:
         lines.append(f"vitlab / timm loop with bf16 autocast and torch.compile: {ours_med / med[compiled[0]]:.2f}x")
     if tuned:
@@ -353,6 +369,7 @@ def main() -> None:
         out.with_suffix(".json").write_text(json.dumps({
             "host": _cpu(), "loadavg_per_round": loads, "median": med, "rounds": results, "precision": chosen,
             "ratio": ours_med / baseline, "ratio_per_round": per_round,
+            **({"ratio_int8": med[int8_label] / baseline, "ratio_int8_per_round": per8} if ours8 else {}),
             **({"ratio_vs_compiled": ours_med / med[compiled[0]]} if compiled else {}),
             **({"ratio_vs_tuned": ours_med / med[tuned[0]]} if tuned else {})}, indent=2))
     if root:

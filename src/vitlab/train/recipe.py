@@ -192,6 +192,11 @@ class TrainSection:
         parallel: "ddp" or "fsdp" (large variants) when launched with torchrun.
         compile: torch.compile the model.
         grad_checkpointing: Recompute block activations in the backward pass (less memory).
+        int8: Train the linear layers in int8 (SwitchBack, `vitlab.perf.int8_train`): their forward and
+            input-gradient GEMMs in int8 with per-row scales, the weight gradient in the step's precision, weights
+            and optimizer state fp32 as always. For CPUs with AVX-512 VNNI, under `compile: true` (eager, the
+            quantising passes cost what the GEMMs save); a CPU only, not with grad_checkpointing or
+            linear_probe.
         time_budget_min: Stop after this many minutes of training (evaluation and checkpoints not counted), with
             the schedule run on elapsed time: the lr follows max(step / total, time / budget), so the run anneals
             fully whatever the machine's speed. steps / epochs stay the upper bound. Not bitwise-resumable.
@@ -232,6 +237,7 @@ class TrainSection:
     parallel: str = "ddp"
     compile: bool = False
     grad_checkpointing: bool = False
+    int8: bool = False
     time_budget_min: float | None = None
     resize_schedule: list[list[float]] | None = None
     evaluators: dict[str, Any] = field(default_factory=dict)
@@ -259,8 +265,14 @@ class TrainSection:
         _number("train", "ema_decay", self.ema_decay, lo=0, hi=1, allow_none=True)
         _number("train", "max_bad_steps", self.max_bad_steps, lo=1, integer=True)
         _choice("train", "parallel", self.parallel, PARALLEL)
-        for k in ("deterministic", "compile", "grad_checkpointing", "linear_probe"):
+        for k in ("deterministic", "compile", "grad_checkpointing", "int8", "linear_probe"):
             check_bool(f"train.{k}", getattr(self, k))
+        if self.int8 and (self.grad_checkpointing or self.linear_probe):
+            other = "grad_checkpointing" if self.grad_checkpointing else "linear_probe"
+            why = ("the blocks recomputed in the backward pass would run without int8, so the gradients would "
+                   "not be those of the forward pass" if other == "grad_checkpointing" else
+                   "a linear probe trains its classifier on extracted features, with no model step to run in int8")
+            raise ValueError(f"train.int8 and train.{other} cannot be combined: {why}; set one of them false")
         _number("train", "time_budget_min", self.time_budget_min, lo=0, lo_open=True, allow_none=True)
         if self.resize_schedule is not None:
             self.resize_schedule = check_resize_schedule(self.resize_schedule)

@@ -9,6 +9,7 @@ evaluations are `evaluators.py`'s, what the run writes and `TrainResult` (what `
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import sys
 import time
@@ -27,6 +28,7 @@ from ..inference.evaluate import EvalResult
 from ..models.config import ViTConfig, to_hw
 from ..models.resnet import ResNetConfig, ResNetV2
 from ..models.vit import VisionTransformer
+from ..perf.int8_train import check_int8_training, int8_training_caveat
 from ..weights import create_model
 from . import distributed as dist
 from .build import build_model, data_config_with_init, trained_preprocess
@@ -45,6 +47,8 @@ from .rundir import resume_point
 from .schedule import lr_at
 from .step import NonFiniteError, StepResult, resize_batch, train_step
 from .tune import run_precision
+
+logger = logging.getLogger("vitlab.train")
 
 
 @dataclass
@@ -88,6 +92,10 @@ class Run:
         self.specs = check_evaluators(self.tr.evaluators)  # in the order they run, a classification one included
         self.eval_name = next(n for n, s in self.specs.items() if isinstance(s, ClassificationEvaluator))
         self.early_stopping = next((s for s in self.specs.values() if isinstance(s, EarlyStopEvaluator)), None)
+        if self.tr.int8:
+            check_int8_training(info.device)  # before any data or model is built
+            if info.is_main and (caveat := int8_training_caveat(self.tr.compile)):
+                logger.warning(caveat)
         seed_everything(self.tr.seed)
         self.model_cfg = recipe.model.model_config(num_classes=0)  # a ViTConfig, or a ResNetConfig for a BiT ResNet
         self.data_cfg: Any = None
@@ -247,7 +255,7 @@ class Run:
         result = train_step(self.net, self.optimizer, batches, lr=lr, device=self.info.device,
                             precision=self.precision, clip_grad_norm=self.recipe.optim.clip_grad_norm,
                             label_smoothing=tr.label_smoothing, mix=self.mix, accum_steps=tr.accum_steps,
-                            info=self.info, on_loss=self.on_loss, loss_fn=self.loss_fn)
+                            info=self.info, on_loss=self.on_loss, loss_fn=self.loss_fn, int8=tr.int8)
         if not result.weights_finite:  # in memory only: raised before anything can save or evaluate them
             raise NonFiniteError(
                 f"step {state.step + 1}'s update overflowed float32 (loss {result.loss:.4g}, grad norm "

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..perf.int8_train import int8_training
 from ..perf.linear import rowmajor_weight_grads
 from ..perf.onednn import onednn_training_kernels
 from ..perf.precision import autocast
@@ -88,6 +89,7 @@ def train_step(
     info: DistInfo | None = None,
     on_loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
     loss_fn: Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    int8: bool = False,
 ) -> StepResult:
     """One optimizer step over `accum_steps` micro-batches: forward, backward, clip, and the update only if the
     loss and the global gradient norm are finite on every process (otherwise the gradients are dropped). After an
@@ -98,6 +100,7 @@ def train_step(
         on_loss: A hook applied to each micro-batch loss (tests inject NaN through it).
         loss_fn: The loss of (model output, targets, inputs), computed in fp32 outside autocast; default the
             cross-entropy of the logits with `label_smoothing` (DeiT distillation: `vitlab.train.distill`).
+        int8: The linear layers' forward and input-gradient GEMMs in int8 (`vitlab.perf.int8_train`, a CPU only).
     """
     info = info or DistInfo(device=device)
     for group in optimizer.param_groups:
@@ -115,7 +118,7 @@ def train_step(
         sync = i == accum_steps - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         no_sync = contextlib.nullcontext() if sync else cast(nn.parallel.DistributedDataParallel, model).no_sync()
         with (no_sync, autocast(device, precision), rowmajor_weight_grads(device, precision),
-              onednn_training_kernels(device, precision)):
+              onednn_training_kernels(device, precision), int8_training(device, int8)):  # innermost: sees linears first
             logits = model(x)  # (B, classes)
         if loss_fn is not None:
             loss = loss_fn(logits, y, x)
