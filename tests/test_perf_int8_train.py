@@ -161,6 +161,8 @@ def test_int8_needs_a_cpu():
     check_int8_training("cpu")
     with pytest.raises(ValueError, match=r"train.int8 runs on a CPU; this run's device is cuda:0"):
         check_int8_training("cuda:0")
+    with pytest.raises(ValueError, match=r"train.int8 with parallel: fsdp: .* use parallel: ddp"):
+        check_int8_training("cpu", fsdp=True)
     assert int8_training("meta", enabled=False) is not None  # off: nothing is checked
 
 
@@ -174,7 +176,7 @@ def test_recipe_refuses_what_int8_cannot_reach(other, why):
         base["init"] = {"checkpoint": "x.safetensors"}
     with pytest.raises(ValueError, match=rf"train.int8 and train.{other} cannot be combined: .*{why}"):
         Recipe.from_dict(base, check_data=False)
-    with pytest.raises(ValueError, match="train.int8"):
+    with pytest.raises(ValueError, match=r"train\.int8"):
         Recipe.from_dict({**base, "train": {"steps": 1, "int8": "yes"}}, check_data=False)
     ok = Recipe.from_dict({**base, "train": {"steps": 1, "int8": True}}, check_data=False)
     assert ok.train.int8 and Recipe.from_dict(ok.to_dict(), check_data=False).train.int8

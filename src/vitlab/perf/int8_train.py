@@ -134,13 +134,17 @@ class _Int8Mode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def check_int8_training(device: torch.device | str) -> None:
-    """Raise if `train.int8` cannot run on `device`: it is for CPUs (torch's int8 GEMM on a GPU has other shape
-    rules and was not measured; bf16 tensor cores are the fast path there)."""
+def check_int8_training(device: torch.device | str, *, fsdp: bool = False) -> None:
+    """Raise if `train.int8` cannot run as asked: on a device other than a CPU (torch's int8 GEMM on a GPU has other
+    shape rules and was not measured; bf16 tensor cores are the fast path there), or under FSDP (`fsdp`: its
+    sharded weights are DTensors, which the int8 layers do not take, so the run would silently train without them)."""
     device = torch.device(device)
     if device.type != "cpu":
         raise ValueError(f"train.int8 runs on a CPU; this run's device is {device}: set train.int8 false "
                          "(train.precision bf16 is the fast path on a GPU)")
+    if fsdp:
+        raise ValueError("train.int8 with parallel: fsdp: FSDP's sharded weights are not routed through the int8 "
+                         "layers, so the run would train without them; use parallel: ddp")
 
 
 def int8_training_caveat(compile: bool, flags: frozenset[str] | set[str] | None = None) -> str | None:

@@ -93,7 +93,8 @@ class Run:
         self.eval_name = next(n for n, s in self.specs.items() if isinstance(s, ClassificationEvaluator))
         self.early_stopping = next((s for s in self.specs.values() if isinstance(s, EarlyStopEvaluator)), None)
         if self.tr.int8:
-            check_int8_training(info.device)  # before any data or model is built
+            # before any data or model is built
+            check_int8_training(info.device, fsdp=info.distributed and self.tr.parallel == "fsdp")
             if info.is_main and (caveat := int8_training_caveat(self.tr.compile)):
                 logger.warning(caveat)
         seed_everything(self.tr.seed)
