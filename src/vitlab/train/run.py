@@ -95,8 +95,11 @@ class Run:
         if self.tr.int8:
             # before any data or model is built
             check_int8_training(info.device, fsdp=info.distributed and self.tr.parallel == "fsdp")
-            if info.is_main and (caveat := int8_training_caveat(self.tr.compile)):
-                logger.warning(caveat)
+            if info.is_main:
+                logger.info("train.int8: linear layers' forward and input-gradient GEMMs in int8 (SwitchBack), "
+                            "weight gradients in the step's precision")
+                if caveat := int8_training_caveat(self.tr.compile):
+                    logger.warning(caveat)
         seed_everything(self.tr.seed)
         self.model_cfg = recipe.model.model_config(num_classes=0)  # a ViTConfig, or a ResNetConfig for a BiT ResNet
         self.data_cfg: Any = None
