@@ -16,6 +16,8 @@ torch.compile, a stronger reference than the target asks for, gets its own ratio
 `--tuned-baseline` adds the strongest timm loop we know how to assemble from timm's and torch's own switches (bf16
 autocast, timm's explicit attention instead of the CPU flash kernel (`fused_attn = False`), fused AdamW,
 torch.compile): what is left of the ratio against it is vitlab's own (row-major weight gradients on AMX).
+`--int8` adds vitlab with `train.int8` (int8 linear layers, SwitchBack: `vitlab.perf.int8_train`) as a second
+vitlab loop in the same process as the first (each its own compiled graph), so the two are compared round by round.
 
 Each loop runs in its own process, as a user would run it (ours with vitlab's allocator setting, see
 src/vitlab/perf/allocator.py; the baseline with the default one), and the rounds are interleaved, the order reversed
