@@ -195,8 +195,8 @@ class TrainSection:
         int8: Train the linear layers in int8 (SwitchBack, `vitlab.perf.int8_train`): their forward and
             input-gradient GEMMs in int8 with per-row scales, the weight gradient in the step's precision, weights
             and optimizer state fp32 as always. For CPUs with AVX-512 VNNI, under `compile: true` (eager, the
-            quantising passes cost what the GEMMs save); a CPU only, not with grad_checkpointing or
-            linear_probe.
+            quantising passes cost what the GEMMs save); a CPU only, not with grad_checkpointing, linear_probe
+            or (under torchrun) parallel: fsdp.
         time_budget_min: Stop after this many minutes of training (evaluation and checkpoints not counted), with
             the schedule run on elapsed time: the lr follows max(step / total, time / budget), so the run anneals
             fully whatever the machine's speed. steps / epochs stay the upper bound. Not bitwise-resumable.
