@@ -53,15 +53,16 @@ import torch
 from torch import nn
 
 from ..perf.cpu import amx_kernels, bf16_kernels
+from ..perf.int8_attention import int8_attention_unavailable
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
 __all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "OUTPUT_DTYPES", "attention_plan", "calibration_tensor",
-           "input_chw", "linear_outputs_dtype", "quantize_static", "sdpa_in", "sdpa_math"]
+           "input_chw", "linear_outputs_dtype", "quantize_static", "sdpa_in", "sdpa_int8", "sdpa_math"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
-ATTENTION_DTYPES = ("auto", "fp32", "bf16", "bf16-math")  # `quantize_static(attention=...)`
+ATTENTION_DTYPES = ("auto", "fp32", "bf16", "bf16-math", "int8")  # `quantize_static(attention=...)`
 OUTPUT_DTYPES = ("auto", "fp32", "bf16")  # `quantize_static(outputs=...)`
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -108,7 +109,7 @@ def attention_plan(attention: str = "auto") -> tuple[torch.dtype, str]:
             return torch.float32, "flash"
         return torch.bfloat16, "flash" if amx_kernels() else "math"
     return {"fp32": (torch.float32, "flash"), "bf16": (torch.bfloat16, "flash"),
-            "bf16-math": (torch.bfloat16, "math")}[attention]
+            "bf16-math": (torch.bfloat16, "math"), "int8": (torch.int8, "int8")}[attention]
 
 
 def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
@@ -184,6 +185,45 @@ def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
     return changed
 
 
+def sdpa_int8(graph_module: torch.fx.GraphModule) -> int:
+    """Replace every `scaled_dot_product_attention` of an exported graph by vitlab's fused int8 attention
+    (`vitlab.perf.int8_attention`): q, k, v passed as they are (fp32 or bf16, strided views of the qkv projection),
+    the output in their dtype, cast back to the dtype the graph had. Only attention without a mask, dropout,
+    causality or grouped heads, with a head dimension that is a multiple of 16 up to 256, is rewritten (ViT's); any
+    other is left as it is. Returns how many were rewritten (in place)."""
+    from ..perf.int8_attention import int8_attention
+
+    g = graph_module.graph
+    changed = 0
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not _SDPA:
+            continue
+        q, k, v, *rest = node.args
+        kw = dict(node.kwargs)
+        plain = (all(r is None or r == d for r, d in zip(rest, (None, 0.0, False), strict=False))
+                 and not kw.get("enable_gqa", False) and set(kw) <= {"scale", "enable_gqa"})
+        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (q, k, v)]
+        out = node.meta.get("val")
+        qv = vals[0]
+        if not plain or not isinstance(qv, torch.Tensor) or not all(
+                isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.bfloat16) and t.dim() == 4
+                and t.shape == qv.shape for t in vals) or qv.shape[-1] % 16 or not 16 <= qv.shape[-1] <= 256:
+            continue
+        scale = kw.get("scale")
+        scale = float(qv.shape[-1]) ** -0.5 if scale is None else float(scale)
+        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.float32
+        with g.inserting_before(node):
+            attn = g.call_function(int8_attention._opoverload, (q, k, v, scale))
+            result = g.call_function(torch.ops.aten._to_copy.default, (attn,), {"dtype": out_dtype})
+        node.replace_all_uses_with(result)
+        g.erase_node(node)
+        changed += 1
+    if changed:
+        g.lint()
+        graph_module.recompile()
+    return changed
+
+
 def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:
     """The dtype static int8's linear layers write for `quantize_static(outputs=..., attention=...)`: "fp32", "bf16",
     or "auto": bf16 where attention is written out in bf16 (`attention_plan(attention)`; with attention "auto", on
@@ -192,6 +232,8 @@ def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torc
         raise ValueError(f"outputs must be one of {OUTPUT_DTYPES}, got {outputs!r}")
     if outputs == "auto":
         dtype, kernel = attention_plan(attention)
+        if kernel == "int8":  # bf16 where bf16 is native: the int8 attention reads and writes either
+            return torch.bfloat16 if bf16_kernels() else torch.float32
         return torch.bfloat16 if (dtype, kernel) == (torch.bfloat16, "math") else torch.float32
     return {"fp32": torch.float32, "bf16": torch.bfloat16}[outputs]
 
@@ -250,6 +292,13 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         qmodel = qpt2e.convert_pt2e(prepared)
         pt2e = require("torchao.quantization.pt2e", "quant", "static int8 (PT2E)")
         pt2e.allow_exported_model_train_eval(qmodel)  # .eval() on it (OptimizedModel does) is then allowed
+    if attn_kernel == "int8":
+        reason = int8_attention_unavailable()
+        if reason:
+            raise RuntimeError(f"attention='int8': {reason}")
+        if sdpa_int8(qmodel):
+            qmodel.meta["attention_kernel"] = "int8"
+        attn_dtype = out_dtype  # any attention left over runs in the dtype the linears write
     if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
         qmodel.meta["attention_kernel"] = "math"
     sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel

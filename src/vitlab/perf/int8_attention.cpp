@@ -1,0 +1,411 @@
+// Fused int8 attention for x86 CPUs with AVX512-VNNI: out = softmax(scale * q k^T) v, one (image, head) at a time.
+//
+// Compiled at run time by Inductor's C++ builder (vitlab/perf/int8_attention.py loads it); C ABI, called through
+// ctypes. Per (image, head), everything stays in L1/L2:
+//   1. q, k quantised to int8 per row (token), v per column (head channel), symmetric, round half to even;
+//      q shifted to uint8 (+128) for VPDPBUSD (u8 x s8), the shift taken back out with 128 * sum_d k8[j, d].
+//   2. scores S = q8 k8^T in int32 (VPDPBUSD), rescaled to fp32 by scale * s_q[i] * s_k[j].
+//   3. softmax in fp32 per row; p / max(p) (= exp(x - max), in [0, 1]) stored as uint8 with step 1/255.
+//   4. out = (p8 v8) * s_v[d] / (255 * sum_j p) in int32 (VPDPBUSD), written in the input dtype.
+// A row or column with a non-finite value gets a non-finite scale, so non-finite inputs give non-finite outputs.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#define VITLAB_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,fma")))
+
+namespace {
+
+constexpr int kMaxRows = 4;     // rows of S / out per register tile
+constexpr int kMaxVecs = 4;     // 16-lane int32 vectors per register tile row
+
+VITLAB_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+VITLAB_TARGET inline __m512 load16(const uint16_t* p) {  // bf16 -> fp32: the 16 bits on top
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+VITLAB_TARGET inline void store16(float* p, __m512 x) { _mm512_storeu_ps(p, x); }
+VITLAB_TARGET inline void store16(uint16_t* p, __m512 x) {  // fp32 -> bf16, round half to even, NaN kept NaN
+  __m512i u = _mm512_castps_si512(x);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+  _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
+}
+
+VITLAB_TARGET inline __m512 exp2_16(__m512 t) {  // 2^t for t <= 8 (and NaN): 2^n * p(f), |rel err| < 1e-5
+  __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 f = _mm512_sub_ps(t, n);  // [-0.5, 0.5]
+  __m512 p = _mm512_set1_ps(1.3333558e-2f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// C[MR x 16*NR] (int32, row stride ldc) = A[MR x 4*ksteps] (uint8, row stride lda) . B, B packed as
+// [kstep][column][4] int8 with `ldb` bytes per kstep, plus init[column] (int32) where init is not null.
+template <int MR, int NR>
+VITLAB_TARGET void tile(const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps, int32_t* C,
+                        int64_t ldc, const int32_t* init) {
+  __m512i acc[MR][NR];
+  for (int n = 0; n < NR; ++n) {
+    __m512i c = init ? _mm512_loadu_si512((const void*)(init + n * 16)) : _mm512_setzero_si512();
+    for (int m = 0; m < MR; ++m) acc[m][n] = c;
+  }
+  for (int kk = 0; kk < ksteps; ++kk) {
+    __m512i b[NR];
+    for (int n = 0; n < NR; ++n) b[n] = _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64));
+    for (int m = 0; m < MR; ++m) {
+      int32_t a4;
+      std::memcpy(&a4, A + m * lda + kk * 4, 4);
+      __m512i a = _mm512_set1_epi32(a4);
+      for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_dpbusd_epi32(acc[m][n], a, b[n]);
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) _mm512_storeu_si512((void*)(C + m * ldc + n * 16), acc[m][n]);
+}
+
+template <int MR>
+VITLAB_TARGET void tile_n(int nr, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps,
+                          int32_t* C, int64_t ldc, const int32_t* init) {
+  switch (nr) {
+    case 1: tile<MR, 1>(A, lda, B, ldb, ksteps, C, ldc, init); break;
+    case 2: tile<MR, 2>(A, lda, B, ldb, ksteps, C, ldc, init); break;
+    case 3: tile<MR, 3>(A, lda, B, ldb, ksteps, C, ldc, init); break;
+    default: tile<MR, 4>(A, lda, B, ldb, ksteps, C, ldc, init); break;
+  }
+}
+
+// C[rows x 16*vecs] = A[rows x 4*ksteps] . B (rows <= kMaxRows), in register tiles of up to kMaxVecs vectors.
+VITLAB_TARGET void gemm_rows(int rows, int vecs, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
+                             int ksteps, int32_t* C, int64_t ldc, const int32_t* init) {
+  for (int n0 = 0; n0 < vecs; n0 += kMaxVecs) {
+    int nr = vecs - n0 < kMaxVecs ? vecs - n0 : kMaxVecs;
+    const int8_t* Bn = B + n0 * 64;
+    int32_t* Cn = C + n0 * 16;
+    const int32_t* In = init ? init + n0 * 16 : nullptr;
+    switch (rows) {
+      case 1: tile_n<1>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
+      case 2: tile_n<2>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
+      case 3: tile_n<3>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
+      default: tile_n<4>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
+    }
+  }
+}
+
+// Scores of MR rows against 16*NR columns, straight to fp32: X[m][c] = (A[m] . B[c] + init[c]) * col[c] * row[m]
+// (B packed as in `tile`); rmax[m] = max(rmax[m], the row's largest X over its valid columns, `last` masking the
+// final vector). One pass: the int32 sums never leave the registers.
+template <int MR, int NR>
+VITLAB_TARGET void tile_scores(const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps,
+                               const int32_t* init, const float* col, const float* row, float* X, int64_t ldx,
+                               __mmask16 last, float* rmax) {
+  __m512i acc[MR][NR];
+  for (int n = 0; n < NR; ++n) {
+    __m512i c = _mm512_loadu_si512((const void*)(init + n * 16));
+    for (int m = 0; m < MR; ++m) acc[m][n] = c;
+  }
+  for (int kk = 0; kk < ksteps; ++kk) {
+    __m512i a[MR];
+    for (int m = 0; m < MR; ++m) {
+      int32_t a4;
+      std::memcpy(&a4, A + m * lda + kk * 4, 4);
+      a[m] = _mm512_set1_epi32(a4);
+    }
+    for (int n = 0; n < NR; ++n) {
+      __m512i b = _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64));
+      for (int m = 0; m < MR; ++m) acc[m][n] = _mm512_dpbusd_epi32(acc[m][n], a[m], b);
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    __m512 r = _mm512_set1_ps(row[m]);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int n = 0; n < NR; ++n) {
+      __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[m][n]), _mm512_loadu_ps(col + n * 16)), r);
+      _mm512_storeu_ps(X + m * ldx + n * 16, x);
+      mx = n + 1 < NR ? _mm512_max_ps(mx, x) : _mm512_mask_max_ps(mx, last, mx, x);
+    }
+    rmax[m] = std::fmax(rmax[m], _mm512_reduce_max_ps(mx));
+  }
+}
+
+template <int MR>
+VITLAB_TARGET void scores_n(int nr, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps,
+                            const int32_t* init, const float* col, const float* row, float* X, int64_t ldx,
+                            __mmask16 last, float* rmax) {
+#define VITLAB_SCORES(n) case n: tile_scores<MR, n>(A, lda, B, ldb, ksteps, init, col, row, X, ldx, last, rmax); break;
+  switch (nr) {
+    VITLAB_SCORES(1) VITLAB_SCORES(2) VITLAB_SCORES(3) VITLAB_SCORES(4) VITLAB_SCORES(5) VITLAB_SCORES(6)
+    VITLAB_SCORES(7) VITLAB_SCORES(8) VITLAB_SCORES(9) VITLAB_SCORES(10) VITLAB_SCORES(11) VITLAB_SCORES(12)
+    default: tile_scores<MR, 13>(A, lda, B, ldb, ksteps, init, col, row, X, ldx, last, rmax); break;
+  }
+#undef VITLAB_SCORES
+}
+
+constexpr int kScoreVecs = 13;  // column vectors per score tile (13 accumulators: 208 columns)
+constexpr int kScoreRows = 1;   // rows per score tile (measured: 1 x 13 beat 2 x 7, 4 x 4, 4 x 5 and 2 x 13 on Zen 4)
+
+// Scores of `rows` (1 or 2) rows against all `vecs` column vectors, in near-equal chunks of <= kScoreVecs.
+VITLAB_TARGET void scores_rows(int rows, int vecs, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
+                               int ksteps, const int32_t* init, const float* col, const float* row, float* X,
+                               int64_t ldx, __mmask16 tail, float* rmax) {
+  int chunks = (vecs + kScoreVecs - 1) / kScoreVecs;
+  for (int c = 0, n0 = 0; c < chunks; ++c) {
+    int nr = (vecs - n0) / (chunks - c);
+    __mmask16 last = n0 + nr == vecs ? tail : __mmask16(0xffff);
+#define VITLAB_ROWS(r) case r: scores_n<r>(nr, A, lda, B + n0 * 64, ldb, ksteps, init + n0 * 16, col + n0 * 16, row, \
+                                       X + n0 * 16, ldx, last, rmax); break;
+    switch (rows) { VITLAB_ROWS(1) VITLAB_ROWS(2) VITLAB_ROWS(3) default: VITLAB_ROWS(4) }
+#undef VITLAB_ROWS
+    n0 += nr;
+  }
+}
+
+VITLAB_TARGET inline float hmax_abs(const float* x, int d) {  // max |x|, NaN if any x is NaN
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int i = 0; i < d; i += 16) {
+    __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, v);
+  }
+  return nan ? NAN : _mm512_reduce_max_ps(m);
+}
+
+// Quantisation step for values of largest magnitude `amax`: amax / 127 (1 for an all-zero row, so it stays zero;
+// non-finite for a non-finite row, which then spreads to the outputs it touches).
+inline float step_of(float amax) { return amax > 0.0f ? amax / 127.0f : (amax == 0.0f ? 1.0f : amax); }
+
+VITLAB_TARGET inline __m512i round16(__m512 x, float inv) {  // round(x * inv) to int32, half to even, clamped
+  __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(inv));
+  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtps_epi32(y);  // MXCSR's default rounding: to nearest, ties to even
+}
+
+struct Scratch {
+  uint8_t* q8;       // (N, D) q + 128
+  float* sq;         // (N) q steps * scale
+  int8_t* kp;        // [D/4][Nv][4]
+  float* sk;         // (Nv) k steps (0 past N)
+  int32_t* kc;       // (Nv) -128 * sum_d k8
+  int8_t* vp;        // [Np/4][D][4]
+  float* sv;         // (D) v steps
+  float* x;          // (kMaxRows, Nv) rows of scores
+  uint8_t* p8;       // (kMaxRows, Np)
+  int32_t* o;        // (kMaxRows, D)
+  void* base;
+};
+
+inline size_t up64(size_t n) { return (n + 63) & ~size_t(63); }
+
+// This thread's scratch for (N, D), kept between calls (the OpenMP pool's threads live on): allocating and zeroing
+// it per call cost page faults. Zeroed whenever its shape changes: the padding (columns of k and rows of v past N,
+// q, k, v rows are one head's slice of a token's fused qkv row: thousands of bytes apart, each on another page,
+// where the hardware prefetchers stop. Reading them in order costs a memory latency per row; asking kAhead rows ahead
+// overlaps those latencies.
+constexpr int64_t kAhead = 8;
+
+template <typename T>
+inline void prefetch_row(const T* p, int64_t D) {
+  for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
+}
+
+// probabilities past N) must read zero and is never written.
+Scratch& scratch_for(int64_t N, int64_t D, int64_t Nv, int64_t Np) {
+  thread_local Scratch sc{};
+  thread_local int64_t shape[2] = {-1, -1};
+  if (shape[0] == N && shape[1] == D && sc.base) return sc;
+  std::free(sc.base);
+  sc = Scratch{};
+  shape[0] = shape[1] = -1;
+  size_t sizes[] = {up64(N * D), up64(N * 4), up64(D * Nv), up64(Nv * 4), up64(Nv * 4), up64(Np * D), up64(D * 4),
+                    up64(kMaxRows * Nv * 4), up64(kMaxRows * Np), up64(kMaxRows * D * 4)};
+  size_t total = 0;
+  for (size_t s : sizes) total += s;
+  char* b = static_cast<char*>(std::aligned_alloc(64, total));
+  if (!b) return sc;
+  std::memset(b, 0, total);
+  sc.base = b;
+  char* p = b;
+  auto take = [&](int i) { char* r = p; p += sizes[i]; return r; };
+  sc.q8 = (uint8_t*)take(0); sc.sq = (float*)take(1); sc.kp = (int8_t*)take(2); sc.sk = (float*)take(3);
+  sc.kc = (int32_t*)take(4); sc.vp = (int8_t*)take(5); sc.sv = (float*)take(6); sc.x = (float*)take(7);
+  sc.p8 = (uint8_t*)take(8); sc.o = (int32_t*)take(9);
+  shape[0] = N;
+  shape[1] = D;
+  return sc;
+}
+
+template <typename T>
+VITLAB_TARGET inline float load_row(const T* src, int64_t D, float* r) {
+  __m512 m = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int64_t d = 0; d < D; d += 16) {
+    __m512 x = load16(src + d);
+    _mm512_store_ps(r + d, x);
+    __m512 a = _mm512_abs_ps(x);
+    nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+    m = _mm512_max_ps(m, a);
+  }
+  return nan ? NAN : step_of(_mm512_reduce_max_ps(m));
+}
+
+template <typename T>
+VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs, T* out,
+                            int64_t os, int64_t N, int64_t D, int64_t Nv, int64_t Np, float scale,
+                            const Scratch& sc) {
+  const int ksteps_qk = int(D / 4), ksteps_pv = int(Np / 4), vecs_s = int(Nv / 16), vecs_o = int(D / 16);
+  constexpr float kLog2e = 1.44269504088896341f;
+  alignas(64) float r[256];
+  // q: per-row int8 shifted to uint8; its step carries the softmax scale and log2(e) (softmax runs in base 2)
+  for (int64_t i = 0; i < kAhead && i < N; ++i) prefetch_row(q + i * qs, D);
+  for (int64_t i = 0; i < N; ++i) {
+    prefetch_row(i + kAhead < N ? q + (i + kAhead) * qs : k + (i + kAhead - N) * ks, D);
+    float step = load_row(q + i * qs, D, r);
+    sc.sq[i] = step * scale * kLog2e;
+    float inv = std::isfinite(step) ? 1.0f / step : 0.0f;
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512i qi = _mm512_add_epi32(round16(_mm512_load_ps(r + d), inv), _mm512_set1_epi32(128));
+      _mm_storeu_si128((__m128i*)(sc.q8 + i * D + d), _mm512_cvtepi32_epi8(qi));
+    }
+  }
+  // k: per-row int8, packed [D/4][Nv][4]; kc = -128 * sum_d k8 takes the shift of q back out
+  for (int64_t j = 0; j < N; ++j) {
+    prefetch_row(j + kAhead < N ? k + (j + kAhead) * ks : v + (j + kAhead - N) * vs, D);
+    float step = load_row(k + j * ks, D, r);
+    sc.sk[j] = step;
+    float inv = std::isfinite(step) ? 1.0f / step : 0.0f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512i ki = round16(_mm512_load_ps(r + d), inv);
+      sum = _mm512_add_epi32(sum, ki);
+      alignas(16) int8_t b[16];
+      _mm_store_si128((__m128i*)b, _mm512_cvtepi32_epi8(ki));
+      for (int g = 0; g < 4; ++g) std::memcpy(sc.kp + ((d / 4 + g) * Nv + j) * 4, b + 4 * g, 4);
+    }
+    sc.kc[j] = -128 * _mm512_reduce_add_epi32(sum);
+  }
+  // v: per-column int8, packed [Np/4][D][4] (rows past N stay zero)
+  for (int64_t d = 0; d < D; d += 16) {
+    __m512 m = _mm512_setzero_ps();
+    __mmask16 nan = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      if (d == 0 && j + kAhead < N) prefetch_row(v + (j + kAhead) * vs, D);
+      __m512 a = _mm512_abs_ps(load16(v + j * vs + d));
+      nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+      m = _mm512_max_ps(m, a);
+    }
+    alignas(64) float mx[16];
+    _mm512_store_ps(mx, m);
+    for (int l = 0; l < 16; ++l) {
+      sc.sv[d + l] = (nan >> l) & 1 ? NAN : step_of(mx[l]);
+      r[d + l] = std::isfinite(sc.sv[d + l]) ? 1.0f / sc.sv[d + l] : 0.0f;  // r: 1 / step per column
+    }
+  }
+  for (int64_t j0 = 0; j0 < N; j0 += 4) {
+    for (int64_t d = 0; d < D; d += 16) {
+      __m128i g4[4];
+      for (int g = 0; g < 4; ++g) {
+        if (j0 + g < N) {
+          __m512 y = _mm512_mul_ps(load16(v + (j0 + g) * vs + d), _mm512_load_ps(r + d));
+          y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+          g4[g] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y));
+        } else {
+          g4[g] = _mm_setzero_si128();
+        }
+      }
+      __m128i t0 = _mm_unpacklo_epi8(g4[0], g4[1]), t1 = _mm_unpackhi_epi8(g4[0], g4[1]);
+      __m128i t2 = _mm_unpacklo_epi8(g4[2], g4[3]), t3 = _mm_unpackhi_epi8(g4[2], g4[3]);
+      int8_t* dst = sc.vp + ((j0 / 4) * D + d) * 4;
+      _mm_storeu_si128((__m128i*)(dst + 0), _mm_unpacklo_epi16(t0, t2));
+      _mm_storeu_si128((__m128i*)(dst + 16), _mm_unpackhi_epi16(t0, t2));
+      _mm_storeu_si128((__m128i*)(dst + 32), _mm_unpacklo_epi16(t1, t3));
+      _mm_storeu_si128((__m128i*)(dst + 48), _mm_unpackhi_epi16(t1, t3));
+    }
+  }
+  // rows of the output, kMaxRows at a time: S rows -> softmax -> uint8 p -> p v
+  const int64_t full = N / 16 * 16;
+  const __mmask16 tail = __mmask16((1u << (N % 16)) - 1);
+  const __m512 to255 = _mm512_set1_ps(7.99435344f);  // log2(255): the row's largest p becomes 255
+  float rowf[kMaxRows];
+  for (int64_t i0 = 0; i0 < N; i0 += kMaxRows) {
+    int rows = int(N - i0 < kMaxRows ? N - i0 : kMaxRows);
+    float rmax[kMaxRows];
+    for (int m = 0; m < rows; ++m) rmax[m] = -INFINITY;
+    for (int m = 0; m < rows; m += kScoreRows)  // x = log2(e) * scale * q.k
+      scores_rows(rows - m >= kScoreRows ? kScoreRows : rows - m, vecs_s, sc.q8 + (i0 + m) * D, D, sc.kp, Nv * 4, ksteps_qk, sc.kc, sc.sk,
+                  sc.sq + i0 + m, sc.x + m * Nv, Nv, tail ? tail : __mmask16(0xffff), rmax + m);
+    for (int m = 0; m < rows; ++m) {
+      const float* xrow = sc.x + m * Nv;
+      int64_t j = 0;
+      const __m512 shift = _mm512_sub_ps(_mm512_set1_ps(rmax[m]), to255);
+      __m512 sum = _mm512_setzero_ps();
+      uint8_t* prow = sc.p8 + m * Np;
+      for (j = 0; j < full; j += 16) {  // p = 255 * 2^(x - max), NaN stays NaN (and reaches the sum)
+        __m512 p = exp2_16(_mm512_sub_ps(_mm512_loadu_ps(xrow + j), shift));
+        sum = _mm512_add_ps(sum, p);
+        _mm_storeu_si128((__m128i*)(prow + j), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(p)));
+      }
+      if (tail) {
+        __m512 p = _mm512_maskz_mov_ps(tail, exp2_16(_mm512_sub_ps(_mm512_loadu_ps(xrow + j), shift)));
+        sum = _mm512_add_ps(sum, p);
+        _mm512_mask_cvtusepi32_storeu_epi8(prow + j, tail, _mm512_cvtps_epi32(p));
+      }
+      float total = _mm512_reduce_add_ps(sum);  // NaN or inf where a score was
+      rowf[m] = total > 0.0f && total < INFINITY ? 1.0f / total : NAN;
+    }
+    gemm_rows(rows, vecs_o, sc.p8, Np, sc.vp, D * 4, ksteps_pv, sc.o, D, nullptr);
+    for (int m = 0; m < rows; ++m) {
+      __m512 f = _mm512_set1_ps(rowf[m]);
+      for (int64_t d = 0; d < D; d += 16) {
+        __m512 o = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(sc.o + m * D + d)));
+        store16(out + (i0 + m) * os + d, _mm512_mul_ps(_mm512_mul_ps(o, f), _mm512_loadu_ps(sc.sv + d)));
+      }
+    }
+  }
+}
+
+template <typename T>
+int run(const T* q, const T* k, const T* v, T* out, int64_t B, int64_t H, int64_t N, int64_t D,
+        const int64_t* st, float scale, int threads) {
+  const int64_t Nv = (N + 15) / 16 * 16, Np = (N + 3) / 4 * 4;
+  int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+  {
+    const Scratch& sc = scratch_for(N, D, Nv, Np);
+    if (!sc.base) {
+      failed = 1;
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t bh = 0; bh < B * H; ++bh) {
+        int64_t b = bh / H, h = bh % H;
+        one_head<T>(q + b * st[0] + h * st[1], st[2], k + b * st[3] + h * st[4], st[5],
+                    v + b * st[6] + h * st[7], st[8], out + b * st[9] + h * st[10], st[11], N, D, Nv, Np,
+                    scale, sc);
+      }
+    }
+  }
+  return failed;
+}
+
+}  // namespace
+
+// q, k, v, out: (B, H, N, D) with D contiguous; strides (in elements) in st: b, h, n of q, k, v, out in turn.
+// dtype 0: fp32, 1: bf16. Returns 0, or 1 when scratch memory could not be allocated, 2 for bad sizes.
+extern "C" int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int64_t B,
+                                     int64_t H, int64_t N, int64_t D, const int64_t* st, float scale,
+                                     int threads) {
+  if (N < 1 || D < 16 || D % 16 != 0 || D > 256 || B < 0 || H < 0) return 2;
+  if (dtype == 0)
+    return run<float>((const float*)q, (const float*)k, (const float*)v, (float*)out, B, H, N, D, st, scale,
+                      threads);
+  return run<uint16_t>((const uint16_t*)q, (const uint16_t*)k, (const uint16_t*)v, (uint16_t*)out, B, H, N, D,
+                       st, scale, threads);
+}

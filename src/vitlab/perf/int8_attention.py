@@ -1,0 +1,122 @@
+"""Fused int8 attention, softmax(scale * q k^T) v, for x86 CPUs with AVX512-VNNI: `vitlab::int8_attention`.
+
+Static int8 (`vitlab.deploy.quant`) runs every linear layer in int8, but attention's two batched GEMMs have no int8
+kernel in torch (Inductor lowers a quantised `matmul` to dequantise + fp32 `bmm`; `torch._int_mm` is 2-D only, and
+one call per head is no faster than oneDNN's bf16 `bmm`). This op is one: a C++ kernel (int8_attention.cpp beside
+this file, compiled on first use by Inductor's C++ builder, `-O3 -march=native`, cached on disk as Inductor caches
+its own kernels) that takes each (image, head) through, in L1/L2:
+
+1. q and k quantised to int8 per row (per token), v per column (per head channel), symmetric, round half to even;
+2. S = q8 k8^T with VPDPBUSD (u8 x s8 -> s32; q shifted to uint8, the shift taken back out exactly), rescaled to
+   fp32 by the row and column steps and `scale`;
+3. softmax in fp32, the probabilities over the row's largest stored as uint8 (step 1/255: the largest is 255);
+4. out = p8 v8 with VPDPBUSD, rescaled by the column steps of v and 1 / the row's sum of probabilities, written
+   in the inputs' dtype (fp32 or bf16) straight into (B, N, H, D) memory: the `transpose(1, 2).reshape(B, N, H*D)`
+   after attention is then free.
+
+q, k, v may be strided views (the `permute` of a fused qkv projection: no copy is made); only their last dimension
+must be contiguous. Non-finite inputs give non-finite outputs where they reach (a row of q, a column of k: that
+row's scores; a column of v: that output channel). Error against fp32 attention: ~1-2% relative (rms), against
+bf16 attention's ~0.2-0.5%; what matters, top-1 agreement of a trained model with fp32, is measured in docs/speed.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.resources
+import threading
+from typing import Any
+
+import torch
+
+from .cpu import cpu_flags, kernel_emulation
+
+__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_unavailable"]
+
+REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")  # what the kernel's code uses
+_LESSER_ISA = ("default", "avx2", "avx", "sse")  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA values below AVX-512
+_lock = threading.Lock()
+
+
+def int8_attention_unavailable() -> str | None:
+    """Why `int8_attention` cannot run here (one line), or None when it can: the CPU lacks one of `REQUIRED_FLAGS`,
+    or a kernel-emulation variable holds this process to a lesser CPU's kernels (AVX2 or below)."""
+    flags = cpu_flags()
+    missing = [f for f in REQUIRED_FLAGS if f not in flags]
+    if missing:
+        return f"int8 attention needs AVX512-VNNI; this CPU lacks {', '.join(missing)}"
+    held = {k: v for k, v in kernel_emulation().items() if v.lower().startswith(_LESSER_ISA)}
+    if held:
+        return "int8 attention needs AVX512-VNNI kernels; " + " ".join(f"{k}={v}" for k, v in held.items()) + \
+            " holds this process to a lesser CPU's"
+    return None
+
+
+@functools.cache
+def _kernel() -> Any:
+    """The compiled kernel (ctypes function); compiled once per source text and machine (Inductor's cache)."""
+    from torch._inductor.codecache import CppCodeCache  # Inductor's builder: the compiler torch.compile uses
+
+    source = importlib.resources.files("vitlab.perf").joinpath("int8_attention.cpp").read_text(encoding="utf-8")
+    try:
+        lib = CppCodeCache.load(source)
+    except Exception as e:  # no compiler, or one without AVX512-VNNI intrinsics
+        raise RuntimeError(f"could not compile vitlab's int8 attention kernel ({type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}); attention='bf16-math' avoids it") from e
+    fn = lib.vitlab_int8_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_float,
+                                                                                   ctypes.c_int]
+    return fn
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if not (q.dim() == k.dim() == v.dim() == 4):
+        raise ValueError(f"int8_attention takes (B, heads, N, head_dim) q, k, v; got shapes {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.shape == k.shape == v.shape):
+        raise ValueError(f"int8_attention needs q, k, v of one shape (no cross-attention, no grouped heads); got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"int8_attention takes fp32 or bf16 q, k, v of one dtype; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if not all(t.device.type == "cpu" for t in (q, k, v)):
+        raise ValueError(f"int8_attention runs on the CPU; got {q.device}, {k.device}, {v.device}")
+    d = q.shape[-1]
+    if d % 16 or not 16 <= d <= 256:
+        raise ValueError(f"int8_attention needs a head dimension that is a multiple of 16 in [16, 256]; got {d}")
+
+
+@torch.library.custom_op("vitlab::int8_attention", mutates_args=())
+def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * q k^T) v in int8 (module docstring): q, k, v (B, heads, N, head_dim), fp32 or bf16, the
+    last dimension contiguous (else copied); returns (B, heads, N, head_dim) in their dtype, laid out as
+    (B, N, heads, head_dim) in memory."""
+    _check(q, k, v)
+    reason = int8_attention_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    b, h, n, d = q.shape
+    out = torch.empty((b, n, h, d), dtype=q.dtype).permute(0, 2, 1, 3)  # (B, H, N, D) over (B, N, H, D) memory
+    if out.numel() == 0:
+        return out
+    strides = torch.tensor([s for t in (q, k, v, out) for s in t.stride()[:3]], dtype=torch.int64)
+    with _lock:
+        fn = _kernel()
+    rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), int(q.dtype == torch.bfloat16), b, h, n, d,
+            strides.data_ptr(), float(scale), torch.get_num_threads())
+    if rc == 1:
+        raise MemoryError(f"int8_attention: no memory for its scratch buffers (N={n}, head_dim={d})")
+    if rc:
+        raise RuntimeError(f"int8_attention's kernel refused shape {(b, h, n, d)} (code {rc})")
+    return out
+
+
+@int8_attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    _check(q, k, v)
+    b, h, n, d = q.shape
+    return q.new_empty((b, n, h, d)).permute(0, 2, 1, 3)
+
