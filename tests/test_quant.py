@@ -94,7 +94,7 @@ def test_static_int8_errors_are_named():
     with pytest.raises(ValueError, match="attention must be one of"):
         from vitlab.deploy.quant import quantize_static
 
-        quantize_static(model, torch.randn(2, 3, 32, 32), attention="int8")
+        quantize_static(model, torch.randn(2, 3, 32, 32), attention="int4")
     with pytest.raises(ValueError, match=r"outputs must be one of .*'bf16'"):
         from vitlab.deploy.quant import quantize_static
 
@@ -116,32 +116,90 @@ def test_attention_dtype_follows_native_bf16_and_kernel_emulation(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # kernels held to AVX2: bf16 is not native in this process
     assert quant.attention_dtype("auto") == torch.float32
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "avx512f", "avx512_vnni"}))
-    assert quant.attention_dtype("auto") == torch.float32  # VNNI without bf16
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "avx512f"}))
+    assert quant.attention_dtype("auto") == torch.float32  # AVX-512 without VNNI or bf16
     assert quant.attention_dtype("bf16") == torch.bfloat16 and quant.attention_dtype("fp32") == torch.float32
+    assert quant.attention_dtype("int8") == torch.int8
     with pytest.raises(ValueError, match=r"attention must be one of .*'fp16'"):
         quant.attention_dtype("fp16")
 
 
-def test_attention_plan_writes_attention_out_with_avx512_bf16_but_no_amx(monkeypatch):
-    """AMX: the flash kernel in bf16 (AMX tiles); AVX512-BF16 alone (Zen 4): bf16 written out (the flash kernel's
-    bf16 path is no faster than fp32 there, the two bf16 batched GEMMs are); neither: fp32 flash."""
+def test_attention_plan_per_host_class(monkeypatch):
+    """AMX: the flash kernel in bf16 (AMX tiles); AVX512-VNNI without AMX (Zen 4, Cascade / Ice / Cooper Lake): the
+    fused int8 kernel (measured faster than bf16 written out on Zen 4 and than fp32 flash on the fp32 class); the
+    same CPUs with their kernels held below VNNI: bf16 written out where bf16 is native, else fp32 flash."""
     from vitlab.deploy import quant
     from vitlab.perf import cpu
 
     for var in cpu.EMULATION_VARS:
         monkeypatch.delenv(var, raising=False)
-    amx = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"})
-    zen4 = frozenset({"avx2", "avx512f", "avx512_vnni", "avx512_bf16"})
-    for flags, plan in ((amx, (torch.bfloat16, "flash")), (zen4, (torch.bfloat16, "math")),
-                        (frozenset({"avx2", "avx512f", "avx512_vnni"}), (torch.float32, "flash"))):
+    avx512 = frozenset({"avx2", "avx512f", "avx512bw", "avx512dq", "avx512vl"})
+    amx = avx512 | {"avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"}
+    zen4 = avx512 | {"avx512_vnni", "avx512_bf16"}
+    cascade = avx512 | {"avx512_vnni"}
+    for flags, plan in ((amx, (torch.bfloat16, "flash")), (zen4, (torch.int8, "int8")),
+                        (cascade, (torch.int8, "int8")), (avx512, (torch.float32, "flash")),
+                        (zen4 - {"avx512_vnni"}, (torch.bfloat16, "math"))):
         monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="", f=flags: f)
         monkeypatch.setattr(cpu, "cpu_has_amx", lambda cpuinfo="", f=flags: "amx_bf16" in f)
         assert quant.attention_plan("auto") == plan, sorted(flags)
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")  # kernels held below bf16: fp32 flash
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": cascade)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")  # the fp32 class emulated: still VNNI
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
+    assert quant.attention_plan("auto") == (torch.int8, "int8")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")  # held to Skylake-SP: no VNNI
     assert quant.attention_plan("auto") == (torch.float32, "flash")
-    assert quant.attention_plan("bf16-math") == (torch.bfloat16, "math")
-    assert quant.attention_plan("bf16") == (torch.bfloat16, "flash")
+
+
+def test_int8_attention_refused_or_replaced_where_it_cannot_run(monkeypatch):
+    """attention="int8" on a CPU without AVX512-VNNI (or without a compiler that builds the kernel) is refused before
+    any calibration; "auto" falls back, with a warning, to what the host ran before."""
+    from vitlab.deploy import quant
+    from vitlab.perf import cpu
+
+    model = _tiny(depth=1)
+    for var in cpu.EMULATION_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "avx512f"}))
+    with pytest.raises(RuntimeError, match="attention='int8': int8 attention needs AVX512-VNNI; this CPU lacks"):
+        quant.quantize_static(model, torch.randn(2, 3, 32, 32), attention="int8")
+    flags = frozenset({"avx2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"})
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": flags)
+    monkeypatch.setattr(quant, "int8_attention_build_error", lambda: "no compiler (test)")
+    with pytest.raises(RuntimeError, match=r"attention='int8': no compiler \(test\)"):
+        quant.quantize_static(model, torch.randn(2, 3, 32, 32), attention="int8")
+    with pytest.warns(RuntimeWarning, match=r"attention not in int8 \(no compiler \(test\)\)"):
+        q, _ = quant.quantize_static(model, torch.randn(2, 3, 32, 32))
+    assert q.meta["attention_dtype"] == "float32" and "attention_kernel" not in q.meta  # fp32 flash, as before
+
+
+@pytest.mark.slow  # two Inductor compiles
+@pytest.mark.skipif(__import__("vitlab.perf.int8_attention", fromlist=["x"]).int8_attention_unavailable() is not None,
+                    reason="int8 attention needs AVX512-VNNI")
+def test_static_int8_with_int8_attention_runs_the_fused_kernel():
+    from vitlab.deploy.quant import quantize_static
+
+    model = _tiny()
+    calib, x = torch.randn(32, 3, 32, 32), torch.randn(6, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x)
+    q, run = quantize_static(model, calib, attention="int8")
+    assert (q.meta["attention_dtype"], q.meta["attention_kernel"]) == ("int8", "int8")
+    out = run(x)
+    _, run_mathattn = quantize_static(model, calib, attention="bf16-math" if q.meta["outputs_dtype"] == "bfloat16"
+                                      else "fp32", outputs=q.meta["outputs_dtype"].replace("bfloat16", "bf16")
+                                      .replace("float32", "fp32"), cpp_wrapper=False)
+    other = run_mathattn(x)  # the same int8 linears, attention in floating point
+    assert _rel_err(out, ref) <= 2 * _rel_err(other, ref) + 0.02, (_rel_err(out, ref), _rel_err(other, ref))
+    assert (out.argmax(1) == ref.argmax(1)).float().mean() >= 0.8
+    _, run_py = quantize_static(model, calib, attention="int8", cpp_wrapper=False)
+    out_py = run_py(x)  # compiles
+    with profile() as prof:
+        run_py(x)
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls.get("vitlab::int8_attention", 0) == 2, calls  # one per block, in place of the float attention
+    assert not {"aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
+    assert torch.equal(out_py, out)  # the C++ wrapper calls the same kernels
 
 
 def test_linear_outputs_are_bf16_where_attention_is_written_out_in_bf16(monkeypatch):

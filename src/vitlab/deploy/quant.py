@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from ..perf.cpu import amx_kernels, bf16_kernels
-from ..perf.int8_attention import int8_attention_unavailable
+from ..perf.int8_attention import int8_attention_build_error, int8_attention_unavailable
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
@@ -100,14 +100,18 @@ def attention_dtype(attention: str = "auto") -> torch.dtype:
 
 def attention_plan(attention: str = "auto") -> tuple[torch.dtype, str]:
     """(dtype, kernel) of static int8's attention for `quantize_static(attention=...)`: kernel "flash" (the fused
-    `scaled_dot_product_attention`) or "math" (`sdpa_math`). "auto": bf16 flash with AMX tiles, bf16 math with
-    AVX512-BF16 but no AMX, fp32 flash without native bf16 (or with kernels held to a lesser ISA)."""
+    `scaled_dot_product_attention`), "math" (`sdpa_math`) or "int8" (`sdpa_int8`, dtype torch.int8). "auto": bf16
+    flash with AMX tiles; int8 where the fused int8 kernel runs (AVX512-VNNI without AMX: Zen 4, Ice / Cooper /
+    Cascade Lake); else bf16 math with AVX512-BF16, fp32 flash without native bf16 (or with kernels held to a lesser
+    ISA)."""
     if attention not in ATTENTION_DTYPES:
         raise ValueError(f"attention must be one of {ATTENTION_DTYPES}, got {attention!r}")
     if attention == "auto":
-        if not bf16_kernels():
-            return torch.float32, "flash"
-        return torch.bfloat16, "flash" if amx_kernels() else "math"
+        if amx_kernels():
+            return torch.bfloat16, "flash"
+        if int8_attention_unavailable() is None:
+            return torch.int8, "int8"
+        return (torch.bfloat16, "math") if bf16_kernels() else (torch.float32, "flash")
     return {"fp32": (torch.float32, "flash"), "bf16": (torch.bfloat16, "flash"),
             "bf16-math": (torch.bfloat16, "math"), "int8": (torch.int8, "int8")}[attention]
 
@@ -277,6 +281,14 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
     if calib_images < 1:
         raise ValueError(f"calib_images must be >= 1, got {calib_images}")
     attn_dtype, attn_kernel = attention_plan(attention)
+    if attn_kernel == "int8":  # before calibrating: refuse now, not after minutes
+        reason = int8_attention_unavailable() or int8_attention_build_error()
+        if reason and attention == "int8":
+            raise RuntimeError(f"attention='int8': {reason}")
+        if reason:  # "auto": what this host ran before the int8 kernel existed
+            warnings.warn(f"static int8: attention not in int8 ({reason})", RuntimeWarning, stacklevel=2)
+            attention = "bf16-math" if bf16_kernels() else "fp32"
+            attn_dtype, attn_kernel = attention_plan(attention)
     out_dtype = linear_outputs_dtype(outputs, attention)
     images = calibration_tensor(calib, input_chw(model), calib_images)  # (n, C, H, W)
     qpt2e, x86 = _torchao()
@@ -292,17 +304,17 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         qmodel = qpt2e.convert_pt2e(prepared)
         pt2e = require("torchao.quantization.pt2e", "quant", "static int8 (PT2E)")
         pt2e.allow_exported_model_train_eval(qmodel)  # .eval() on it (OptimizedModel does) is then allowed
+    ran = str(attn_dtype).removeprefix("torch.")
     if attn_kernel == "int8":
-        reason = int8_attention_unavailable()
-        if reason:
-            raise RuntimeError(f"attention='int8': {reason}")
+        attn_dtype = out_dtype  # any attention it cannot take (masks, odd head sizes) runs in the linears' dtype
+        ran = str(out_dtype).removeprefix("torch.")
         if sdpa_int8(qmodel):
             qmodel.meta["attention_kernel"] = "int8"
-        attn_dtype = out_dtype  # any attention left over runs in the dtype the linears write
+            ran = "int8"
     if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
         qmodel.meta["attention_kernel"] = "math"
     sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel
-    qmodel.meta["attention_dtype"] = str(attn_dtype).removeprefix("torch.")  # what ran, for reports
+    qmodel.meta["attention_dtype"] = ran  # what ran, for reports
     qmodel.meta["outputs_dtype"] = str(out_dtype).removeprefix("torch.")
     compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size
     mixed = out_dtype == torch.bfloat16

@@ -1,13 +1,13 @@
 // Fused int8 attention for x86 CPUs with AVX512-VNNI: out = softmax(scale * q k^T) v, one (image, head) at a time.
 //
 // Compiled at run time by Inductor's C++ builder (vitlab/perf/int8_attention.py loads it); C ABI, called through
-// ctypes. Per (image, head), everything stays in L1/L2:
-//   1. q, k quantised to int8 per row (token), v per column (head channel), symmetric, round half to even;
-//      q shifted to uint8 (+128) for VPDPBUSD (u8 x s8), the shift taken back out with 128 * sum_d k8[j, d].
-//   2. scores S = q8 k8^T in int32 (VPDPBUSD), rescaled to fp32 by scale * s_q[i] * s_k[j].
-//   3. softmax in fp32 per row; p / max(p) (= exp(x - max), in [0, 1]) stored as uint8 with step 1/255.
-//   4. out = (p8 v8) * s_v[d] / (255 * sum_j p) in int32 (VPDPBUSD), written in the input dtype.
-// A row or column with a non-finite value gets a non-finite scale, so non-finite inputs give non-finite outputs.
+// ctypes. Per (image, head), in L1/L2:
+//   1. q, k quantised to int8 per row (token), v per column (head channel): symmetric, step max|x| / 127, round half
+//      to even. q is shifted to uint8 (+128) for VPDPBUSD (u8 x s8 -> s32); -128 * sum_d k8[j, d] takes it back out.
+//   2. Per row of q: scores q8 . k8 in int32 (VPDPBUSD), rescaled to fp32 by the steps of q and k, the softmax scale
+//      and log2(e); then 255 * 2^(x - max x) (so exp(s - max s) * 255), rounded to uint8: the row's largest is 255.
+//   3. out = (p8 v8) * step_v[d] / sum_j (255 * 2^(x_j - max x)) in int32 (VPDPBUSD), written in the input dtype.
+// Non-finite inputs give non-finite outputs where they reach: a row or column with one gets a non-finite step.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -20,8 +20,8 @@
 
 namespace {
 
-constexpr int kMaxRows = 4;     // rows of S / out per register tile
-constexpr int kMaxVecs = 4;     // 16-lane int32 vectors per register tile row
+constexpr int kMaxRows = 4;  // rows of p v per register tile (and rows of probabilities held at a time)
+constexpr int kMaxVecs = 4;  // 16-lane int32 vectors per register tile row of p v
 
 VITLAB_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 VITLAB_TARGET inline __m512 load16(const uint16_t* p) {  // bf16 -> fp32: the 16 bits on top
@@ -49,15 +49,13 @@ VITLAB_TARGET inline __m512 exp2_16(__m512 t) {  // 2^t for t <= 8 (and NaN): 2^
 }
 
 // C[MR x 16*NR] (int32, row stride ldc) = A[MR x 4*ksteps] (uint8, row stride lda) . B, B packed as
-// [kstep][column][4] int8 with `ldb` bytes per kstep, plus init[column] (int32) where init is not null.
+// [kstep][column][4] int8 with `ldb` bytes per kstep (the layout VPDPBUSD reads: 4 bytes of a column per lane).
 template <int MR, int NR>
 VITLAB_TARGET void tile(const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps, int32_t* C,
-                        int64_t ldc, const int32_t* init) {
+                        int64_t ldc) {
   __m512i acc[MR][NR];
-  for (int n = 0; n < NR; ++n) {
-    __m512i c = init ? _mm512_loadu_si512((const void*)(init + n * 16)) : _mm512_setzero_si512();
-    for (int m = 0; m < MR; ++m) acc[m][n] = c;
-  }
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_si512();
   for (int kk = 0; kk < ksteps; ++kk) {
     __m512i b[NR];
     for (int n = 0; n < NR; ++n) b[n] = _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64));
@@ -74,119 +72,90 @@ VITLAB_TARGET void tile(const uint8_t* A, int64_t lda, const int8_t* B, int64_t 
 
 template <int MR>
 VITLAB_TARGET void tile_n(int nr, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps,
-                          int32_t* C, int64_t ldc, const int32_t* init) {
+                          int32_t* C, int64_t ldc) {
   switch (nr) {
-    case 1: tile<MR, 1>(A, lda, B, ldb, ksteps, C, ldc, init); break;
-    case 2: tile<MR, 2>(A, lda, B, ldb, ksteps, C, ldc, init); break;
-    case 3: tile<MR, 3>(A, lda, B, ldb, ksteps, C, ldc, init); break;
-    default: tile<MR, 4>(A, lda, B, ldb, ksteps, C, ldc, init); break;
+    case 1: tile<MR, 1>(A, lda, B, ldb, ksteps, C, ldc); break;
+    case 2: tile<MR, 2>(A, lda, B, ldb, ksteps, C, ldc); break;
+    case 3: tile<MR, 3>(A, lda, B, ldb, ksteps, C, ldc); break;
+    default: tile<MR, 4>(A, lda, B, ldb, ksteps, C, ldc); break;
   }
 }
 
 // C[rows x 16*vecs] = A[rows x 4*ksteps] . B (rows <= kMaxRows), in register tiles of up to kMaxVecs vectors.
 VITLAB_TARGET void gemm_rows(int rows, int vecs, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
-                             int ksteps, int32_t* C, int64_t ldc, const int32_t* init) {
+                             int ksteps, int32_t* C, int64_t ldc) {
   for (int n0 = 0; n0 < vecs; n0 += kMaxVecs) {
     int nr = vecs - n0 < kMaxVecs ? vecs - n0 : kMaxVecs;
     const int8_t* Bn = B + n0 * 64;
     int32_t* Cn = C + n0 * 16;
-    const int32_t* In = init ? init + n0 * 16 : nullptr;
     switch (rows) {
-      case 1: tile_n<1>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
-      case 2: tile_n<2>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
-      case 3: tile_n<3>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
-      default: tile_n<4>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc, In); break;
+      case 1: tile_n<1>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc); break;
+      case 2: tile_n<2>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc); break;
+      case 3: tile_n<3>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc); break;
+      default: tile_n<4>(nr, A, lda, Bn, ldb, ksteps, Cn, ldc); break;
     }
   }
 }
 
-// Scores of MR rows against 16*NR columns, straight to fp32: X[m][c] = (A[m] . B[c] + init[c]) * col[c] * row[m]
-// (B packed as in `tile`); rmax[m] = max(rmax[m], the row's largest X over its valid columns, `last` masking the
-// final vector). One pass: the int32 sums never leave the registers.
-template <int MR, int NR>
-VITLAB_TARGET void tile_scores(const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps,
-                               const int32_t* init, const float* col, const float* row, float* X, int64_t ldx,
-                               __mmask16 last, float* rmax) {
-  __m512i acc[MR][NR];
-  for (int n = 0; n < NR; ++n) {
-    __m512i c = _mm512_loadu_si512((const void*)(init + n * 16));
-    for (int m = 0; m < MR; ++m) acc[m][n] = c;
-  }
+// One row's scores against 16*NR columns, straight to fp32 (log2 units): x[c] = (a . B[c] + init[c]) * col[c] * row
+// (B packed as in `tile`: [kstep][column][4]); *rmax = max(*rmax, the largest x over the valid columns, `last`
+// masking the final vector). The int32 sums never leave the registers. One row per tile: 13 accumulators, one
+// broadcast per step (measured on Zen 4: faster in this kernel than 2 x 7, 4 x 4, 4 x 5 or 2 x 13 tiles).
+template <int NR>
+VITLAB_TARGET void tile_scores(const uint8_t* a, const int8_t* B, int64_t ldb, int ksteps, const int32_t* init,
+                               const float* col, float row, float* x, __mmask16 last, float* rmax) {
+  __m512i acc[NR];
+  for (int n = 0; n < NR; ++n) acc[n] = _mm512_loadu_si512((const void*)(init + n * 16));
   for (int kk = 0; kk < ksteps; ++kk) {
-    __m512i a[MR];
-    for (int m = 0; m < MR; ++m) {
-      int32_t a4;
-      std::memcpy(&a4, A + m * lda + kk * 4, 4);
-      a[m] = _mm512_set1_epi32(a4);
-    }
-    for (int n = 0; n < NR; ++n) {
-      __m512i b = _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64));
-      for (int m = 0; m < MR; ++m) acc[m][n] = _mm512_dpbusd_epi32(acc[m][n], a[m], b);
-    }
+    int32_t a4;
+    std::memcpy(&a4, a + kk * 4, 4);
+    const __m512i a16 = _mm512_set1_epi32(a4);
+    for (int n = 0; n < NR; ++n)
+      acc[n] = _mm512_dpbusd_epi32(acc[n], a16, _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64)));
   }
-  for (int m = 0; m < MR; ++m) {
-    __m512 r = _mm512_set1_ps(row[m]);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int n = 0; n < NR; ++n) {
-      __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[m][n]), _mm512_loadu_ps(col + n * 16)), r);
-      _mm512_storeu_ps(X + m * ldx + n * 16, x);
-      mx = n + 1 < NR ? _mm512_max_ps(mx, x) : _mm512_mask_max_ps(mx, last, mx, x);
-    }
-    rmax[m] = std::fmax(rmax[m], _mm512_reduce_max_ps(mx));
+  const __m512 r = _mm512_set1_ps(row);
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int n = 0; n < NR; ++n) {
+    __m512 xn = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[n]), _mm512_loadu_ps(col + n * 16)), r);
+    _mm512_storeu_ps(x + n * 16, xn);
+    mx = n + 1 < NR ? _mm512_max_ps(mx, xn) : _mm512_mask_max_ps(mx, last, mx, xn);
   }
+  *rmax = std::fmax(*rmax, _mm512_reduce_max_ps(mx));
 }
 
-template <int MR>
-VITLAB_TARGET void scores_n(int nr, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb, int ksteps,
-                            const int32_t* init, const float* col, const float* row, float* X, int64_t ldx,
-                            __mmask16 last, float* rmax) {
-#define VITLAB_SCORES(n) case n: tile_scores<MR, n>(A, lda, B, ldb, ksteps, init, col, row, X, ldx, last, rmax); break;
-  switch (nr) {
-    VITLAB_SCORES(1) VITLAB_SCORES(2) VITLAB_SCORES(3) VITLAB_SCORES(4) VITLAB_SCORES(5) VITLAB_SCORES(6)
-    VITLAB_SCORES(7) VITLAB_SCORES(8) VITLAB_SCORES(9) VITLAB_SCORES(10) VITLAB_SCORES(11) VITLAB_SCORES(12)
-    default: tile_scores<MR, 13>(A, lda, B, ldb, ksteps, init, col, row, X, ldx, last, rmax); break;
-  }
+constexpr int kScoreVecs = 13;  // column vectors per score tile at most (ViT's 197 tokens: 13, one tile)
+
+// One row's scores against all `vecs` column vectors, in near-equal tiles of <= kScoreVecs vectors.
+VITLAB_TARGET void scores_row(int vecs, const uint8_t* a, const int8_t* B, int64_t ldb, int ksteps,
+                              const int32_t* init, const float* col, float row, float* x, __mmask16 tail,
+                              float* rmax) {
+  const int tiles = (vecs + kScoreVecs - 1) / kScoreVecs;
+  for (int t = 0, n0 = 0; t < tiles; ++t) {
+    const int nr = (vecs - n0) / (tiles - t);
+    const __mmask16 last = n0 + nr == vecs ? tail : __mmask16(0xffff);
+    const int8_t* Bn = B + n0 * 64;
+    const int32_t* In = init + n0 * 16;
+    const float* Cn = col + n0 * 16;
+    float* Xn = x + n0 * 16;
+#define VITLAB_SCORES(k) case k: tile_scores<k>(a, Bn, ldb, ksteps, In, Cn, row, Xn, last, rmax); break;
+    switch (nr) {
+      VITLAB_SCORES(1) VITLAB_SCORES(2) VITLAB_SCORES(3) VITLAB_SCORES(4) VITLAB_SCORES(5) VITLAB_SCORES(6)
+      VITLAB_SCORES(7) VITLAB_SCORES(8) VITLAB_SCORES(9) VITLAB_SCORES(10) VITLAB_SCORES(11) VITLAB_SCORES(12)
+      default: VITLAB_SCORES(13)
+    }
 #undef VITLAB_SCORES
-}
-
-constexpr int kScoreVecs = 13;  // column vectors per score tile (13 accumulators: 208 columns)
-constexpr int kScoreRows = 1;   // rows per score tile (measured: 1 x 13 beat 2 x 7, 4 x 4, 4 x 5 and 2 x 13 on Zen 4)
-
-// Scores of `rows` (1 or 2) rows against all `vecs` column vectors, in near-equal chunks of <= kScoreVecs.
-VITLAB_TARGET void scores_rows(int rows, int vecs, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
-                               int ksteps, const int32_t* init, const float* col, const float* row, float* X,
-                               int64_t ldx, __mmask16 tail, float* rmax) {
-  int chunks = (vecs + kScoreVecs - 1) / kScoreVecs;
-  for (int c = 0, n0 = 0; c < chunks; ++c) {
-    int nr = (vecs - n0) / (chunks - c);
-    __mmask16 last = n0 + nr == vecs ? tail : __mmask16(0xffff);
-#define VITLAB_ROWS(r) case r: scores_n<r>(nr, A, lda, B + n0 * 64, ldb, ksteps, init + n0 * 16, col + n0 * 16, row, \
-                                       X + n0 * 16, ldx, last, rmax); break;
-    switch (rows) { VITLAB_ROWS(1) VITLAB_ROWS(2) VITLAB_ROWS(3) default: VITLAB_ROWS(4) }
-#undef VITLAB_ROWS
     n0 += nr;
   }
-}
-
-VITLAB_TARGET inline float hmax_abs(const float* x, int d) {  // max |x|, NaN if any x is NaN
-  __m512 m = _mm512_setzero_ps();
-  __mmask16 nan = 0;
-  for (int i = 0; i < d; i += 16) {
-    __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    m = _mm512_max_ps(m, v);
-  }
-  return nan ? NAN : _mm512_reduce_max_ps(m);
 }
 
 // Quantisation step for values of largest magnitude `amax`: amax / 127 (1 for an all-zero row, so it stays zero;
 // non-finite for a non-finite row, which then spreads to the outputs it touches).
 inline float step_of(float amax) { return amax > 0.0f ? amax / 127.0f : (amax == 0.0f ? 1.0f : amax); }
 
-VITLAB_TARGET inline __m512i round16(__m512 x, float inv) {  // round(x * inv) to int32, half to even, clamped
-  __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(inv));
-  y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
-  return _mm512_cvtps_epi32(y);  // MXCSR's default rounding: to nearest, ties to even
+// round(x * inv) to int32, half to even (MXCSR's default). With inv = 127 / max |x| it stays in [-127, 127]; a
+// non-finite row (inv = 0: NaN products) gives garbage codes, harmless under its NaN step.
+VITLAB_TARGET inline __m512i round16(__m512 x, float inv) {
+  return _mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(inv)));
 }
 
 struct Scratch {
@@ -198,15 +167,13 @@ struct Scratch {
   int8_t* vp;        // [Np/4][D][4]
   float* sv;         // (D) v steps
   float* x;          // (kMaxRows, Nv) rows of scores
-  uint8_t* p8;       // (kMaxRows, Np)
+  uint8_t* p8;       // (kMaxRows, Nv): probabilities, zero past N
   int32_t* o;        // (kMaxRows, D)
   void* base;
 };
 
 inline size_t up64(size_t n) { return (n + 63) & ~size_t(63); }
 
-// This thread's scratch for (N, D), kept between calls (the OpenMP pool's threads live on): allocating and zeroing
-// it per call cost page faults. Zeroed whenever its shape changes: the padding (columns of k and rows of v past N,
 // q, k, v rows are one head's slice of a token's fused qkv row: thousands of bytes apart, each on another page,
 // where the hardware prefetchers stop. Reading them in order costs a memory latency per row; asking kAhead rows ahead
 // overlaps those latencies.
@@ -217,6 +184,8 @@ inline void prefetch_row(const T* p, int64_t D) {
   for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
 }
 
+// This thread's scratch for (N, D), kept between calls (the OpenMP pool's threads live on): allocating and zeroing
+// it per call cost page faults. Zeroed whenever its shape changes: the padding (columns of k and rows of v past N,
 // probabilities past N) must read zero and is never written.
 Scratch& scratch_for(int64_t N, int64_t D, int64_t Nv, int64_t Np) {
   thread_local Scratch sc{};
@@ -226,7 +195,7 @@ Scratch& scratch_for(int64_t N, int64_t D, int64_t Nv, int64_t Np) {
   sc = Scratch{};
   shape[0] = shape[1] = -1;
   size_t sizes[] = {up64(N * D), up64(N * 4), up64(D * Nv), up64(Nv * 4), up64(Nv * 4), up64(Np * D), up64(D * 4),
-                    up64(kMaxRows * Nv * 4), up64(kMaxRows * Np), up64(kMaxRows * D * 4)};
+                    up64(kMaxRows * Nv * 4), up64(kMaxRows * Nv), up64(kMaxRows * D * 4)};
   size_t total = 0;
   for (size_t s : sizes) total += s;
   char* b = static_cast<char*>(std::aligned_alloc(64, total));
@@ -315,7 +284,6 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
       for (int g = 0; g < 4; ++g) {
         if (j0 + g < N) {
           __m512 y = _mm512_mul_ps(load16(v + (j0 + g) * vs + d), _mm512_load_ps(r + d));
-          y = _mm512_min_ps(_mm512_max_ps(y, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
           g4[g] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y));
         } else {
           g4[g] = _mm_setzero_si128();
@@ -337,17 +305,16 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
   float rowf[kMaxRows];
   for (int64_t i0 = 0; i0 < N; i0 += kMaxRows) {
     int rows = int(N - i0 < kMaxRows ? N - i0 : kMaxRows);
-    float rmax[kMaxRows];
-    for (int m = 0; m < rows; ++m) rmax[m] = -INFINITY;
-    for (int m = 0; m < rows; m += kScoreRows)  // x = log2(e) * scale * q.k
-      scores_rows(rows - m >= kScoreRows ? kScoreRows : rows - m, vecs_s, sc.q8 + (i0 + m) * D, D, sc.kp, Nv * 4, ksteps_qk, sc.kc, sc.sk,
-                  sc.sq + i0 + m, sc.x + m * Nv, Nv, tail ? tail : __mmask16(0xffff), rmax + m);
     for (int m = 0; m < rows; ++m) {
+      // x = log2(e) * scale * q.k (the steps of q carry scale and log2(e)), then its softmax as uint8
       const float* xrow = sc.x + m * Nv;
+      float rmax = -INFINITY;
+      scores_row(vecs_s, sc.q8 + (i0 + m) * D, sc.kp, Nv * 4, ksteps_qk, sc.kc, sc.sk, sc.sq[i0 + m], sc.x + m * Nv,
+                 tail ? tail : __mmask16(0xffff), &rmax);
       int64_t j = 0;
-      const __m512 shift = _mm512_sub_ps(_mm512_set1_ps(rmax[m]), to255);
+      const __m512 shift = _mm512_sub_ps(_mm512_set1_ps(rmax), to255);
       __m512 sum = _mm512_setzero_ps();
-      uint8_t* prow = sc.p8 + m * Np;
+      uint8_t* prow = sc.p8 + m * Nv;
       for (j = 0; j < full; j += 16) {  // p = 255 * 2^(x - max), NaN stays NaN (and reaches the sum)
         __m512 p = exp2_16(_mm512_sub_ps(_mm512_loadu_ps(xrow + j), shift));
         sum = _mm512_add_ps(sum, p);
@@ -356,12 +323,12 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
       if (tail) {
         __m512 p = _mm512_maskz_mov_ps(tail, exp2_16(_mm512_sub_ps(_mm512_loadu_ps(xrow + j), shift)));
         sum = _mm512_add_ps(sum, p);
-        _mm512_mask_cvtusepi32_storeu_epi8(prow + j, tail, _mm512_cvtps_epi32(p));
+        _mm_storeu_si128((__m128i*)(prow + j), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(p)));
       }
       float total = _mm512_reduce_add_ps(sum);  // NaN or inf where a score was
       rowf[m] = total > 0.0f && total < INFINITY ? 1.0f / total : NAN;
     }
-    gemm_rows(rows, vecs_o, sc.p8, Np, sc.vp, D * 4, ksteps_pv, sc.o, D, nullptr);
+    gemm_rows(rows, vecs_o, sc.p8, Nv, sc.vp, D * 4, ksteps_pv, sc.o, D);  // p v, kMaxRows rows at a time
     for (int m = 0; m < rows; ++m) {
       __m512 f = _mm512_set1_ps(rowf[m]);
       for (int64_t d = 0; d < D; d += 16) {

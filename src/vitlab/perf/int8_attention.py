@@ -30,26 +30,41 @@ from typing import Any
 
 import torch
 
-from .cpu import cpu_flags, kernel_emulation
+from . import cpu
 
-__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_unavailable"]
+__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_unavailable"]
 
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")  # what the kernel's code uses
-_LESSER_ISA = ("default", "avx2", "avx", "sse")  # ATEN_CPU_CAPABILITY / ONEDNN_MAX_CPU_ISA values below AVX-512
+# kernel-emulation values that still allow AVX512-VNNI: ATEN_CPU_CAPABILITY (torch's kernels), ONEDNN_MAX_CPU_ISA
+_VNNI_ISAS = {"ATEN_CPU_CAPABILITY": ("avx512",),
+              "ONEDNN_MAX_CPU_ISA": ("all", "avx512_core_vnni", "avx512_core_bf16", "avx512_core_fp16",
+                                     "avx512_core_amx", "avx512_core_amx_fp16")}
 _lock = threading.Lock()
 
 
 def int8_attention_unavailable() -> str | None:
     """Why `int8_attention` cannot run here (one line), or None when it can: the CPU lacks one of `REQUIRED_FLAGS`,
-    or a kernel-emulation variable holds this process to a lesser CPU's kernels (AVX2 or below)."""
-    flags = cpu_flags()
+    or a kernel-emulation variable (`vitlab.perf.cpu.kernel_emulation`) holds this process to a CPU without
+    AVX512-VNNI (e.g. `ONEDNN_MAX_CPU_ISA=AVX2`): the kernel would run what that CPU cannot."""
+    flags = cpu.cpu_flags()
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if missing:
         return f"int8 attention needs AVX512-VNNI; this CPU lacks {', '.join(missing)}"
-    held = {k: v for k, v in kernel_emulation().items() if v.lower().startswith(_LESSER_ISA)}
+    held = {k: v for k, v in cpu.kernel_emulation().items() if k in _VNNI_ISAS and v.lower() not in _VNNI_ISAS[k]}
     if held:
         return "int8 attention needs AVX512-VNNI kernels; " + " ".join(f"{k}={v}" for k, v in held.items()) + \
             " holds this process to a lesser CPU's"
+    return None
+
+
+def int8_attention_build_error() -> str | None:
+    """Why the kernel does not compile here (one line), or None once it has (compiled on first use: ~2 s, then
+    cached on disk by Inductor)."""
+    try:
+        with _lock:
+            _kernel()
+    except RuntimeError as e:
+        return str(e)
     return None
 
 
