@@ -14,18 +14,23 @@ What happens:
    `onednn::qlinear_pointwise` call on pre-packed int8 weights (u8 x s8 -> s32 with AVX512-VNNI here) and fuses
    the fp32 elementwise work between GEMMs (residual add, LayerNorm, the next quantise) into generated C++ loops.
 
-Attention's QK^T / softmax / AV (`scaled_dot_product_attention`'s flash kernel for CPU) is not int8: Inductor
-lowers a quantised `matmul` to dequantise + fp32 `bmm` (no int8 batched GEMM), and torchao's fused int8 SDPA
-(`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel (docs/speed.md, "Static int8"). On CPUs with
-native bf16 (AMX, AVX512-BF16) it runs in bf16 instead (`attention="auto"`): q, k, v are cast to bf16 in the
-graph, the flash kernel runs its bf16 path (AMX tiles / VDPBF16PS; it accumulates in fp32) and the output is cast
-back, the casts fused by Inductor into the neighbouring loops. Without AMX (AVX512-BF16 only: Zen 4, Cooper Lake)
-the flash kernel's bf16 path is no faster than its fp32 one at ViT's 197 tokens, so there attention is written out
-instead (`sdpa_math`, `attention="bf16-math"`): QK^T and AV as two bf16 batched GEMMs (oneDNN's AVX512-BF16
-matmul) around one softmax loop that Inductor fuses with the scaling: half the attention time of the flash kernel
-on Zen 4 (docs/speed.md). Elsewhere (AVX2, AVX-512 without bf16, or kernels held to a lesser ISA by
-`vitlab.perf.cpu.kernel_emulation`) it stays fp32, where bf16 would be slower. The LayerNorms and the residual
-stream stay fp32. Where attention is written out in bf16 (the Zen 4 class), the int8 GEMMs also write bf16
+Attention's QK^T / softmax / AV: Inductor has no int8 batched GEMM (it lowers a quantised `matmul` to dequantise +
+fp32 `bmm`), and torchao's fused int8 SDPA (`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel
+(docs/speed.md, "Static int8"). So (`attention="auto"`, `attention_plan`):
+- on CPUs with AVX512-VNNI but no AMX (Zen 4; Cascade / Ice / Cooper Lake), vitlab's own fused int8 attention
+  (`vitlab.perf.int8_attention`, `sdpa_int8`): q, k per token and v per channel quantised to int8 on the fly, both
+  products with VPDPBUSD, the softmax in fp32 with uint8 probabilities, reading q, k, v straight out of the qkv
+  projection's output and writing (B, N, heads, head_dim) for the output projection: no q/k/v split, no transpose.
+  ViT-B/16 batch 8 on a 2-core Zen 4: 1.06x the graph with bf16 attention written out, 1.17x the one with fp32
+  attention on the fp32 class (emulated); top-1 agreement with fp32 99.59% against 99.54% on a trained model
+  (docs/speed.md, "int8 attention");
+- with AMX tiles, the flash kernel's bf16 path (`sdpa_in`: q, k, v cast to bf16 in the graph, the casts fused by
+  Inductor into the neighbouring loops);
+- elsewhere, or where the int8 kernel cannot be built (a warning says so): bf16 written out on AVX512-BF16
+  (`sdpa_math`: QK^T and AV as two bf16 batched GEMMs around one softmax loop Inductor fuses with the scaling), fp32
+  flash on AVX2, AVX-512 without VNNI, or kernels held to a lesser ISA by `vitlab.perf.cpu.kernel_emulation`.
+The LayerNorms and the residual stream stay fp32. Where bf16 is native and attention is not the flash kernel (the Zen 4
+class), the int8 GEMMs also write bf16
 (`outputs="auto"`, `linear_outputs_dtype`: the compiled graph runs under bf16 autocast, and Inductor's
 int8-mixed-bf16 lowering gives each `qlinear_pointwise` a bf16 output), halving the bytes the loops after them
 read: ViT-B/16 2% faster at batch 8 and 6% at batch 1 on a 2-core Zen 4, top-1 agreement with fp32 99.26% and 99.38%
@@ -93,8 +98,7 @@ def _torchao() -> tuple[Any, Any]:
 
 
 def attention_dtype(attention: str = "auto") -> torch.dtype:
-    """The dtype static int8 runs attention in: "auto" is bf16 where bf16 is native here (`bf16_kernels`), else
-    fp32."""
+    """The dtype static int8 runs attention in (`attention_plan`'s first element: torch.int8 for the int8 kernel)."""
     return attention_plan(attention)[0]
 
 
@@ -230,8 +234,9 @@ def sdpa_int8(graph_module: torch.fx.GraphModule) -> int:
 
 def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:
     """The dtype static int8's linear layers write for `quantize_static(outputs=..., attention=...)`: "fp32", "bf16",
-    or "auto": bf16 where attention is written out in bf16 (`attention_plan(attention)`; with attention "auto", on
-    AVX512-BF16 without AMX, the Zen 4 / Cooper Lake class, where it was measured faster), fp32 elsewhere."""
+    or "auto": bf16 where attention is written out in bf16, or is int8 on a CPU with native bf16
+    (`attention_plan(attention)`; with attention "auto", AVX512-BF16 without AMX, the Zen 4 / Cooper Lake class,
+    where it was measured faster), fp32 elsewhere."""
     if outputs not in OUTPUT_DTYPES:
         raise ValueError(f"outputs must be one of {OUTPUT_DTYPES}, got {outputs!r}")
     if outputs == "auto":
@@ -253,14 +258,15 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             model.
         calib_images: Use at most this many of them.
         attention: How attention's QK^T / softmax / AV run: "fp32" or "bf16" (the flash kernel in that dtype),
-            "bf16-math" (written out in bf16, `sdpa_math`), or "auto" (`attention_plan`: bf16 flash with AMX, bf16
-            math with AVX512-BF16 alone, fp32 without native bf16 or under kernel emulation; see the module
-            docstring).
+            "bf16-math" (written out in bf16, `sdpa_math`), "int8" (vitlab's fused int8 kernel, `sdpa_int8`; needs
+            AVX512-VNNI), or "auto" (`attention_plan`: bf16 flash with AMX, int8 with AVX512-VNNI otherwise, bf16
+            math with AVX512-BF16 alone, fp32 flash elsewhere; see the module docstring).
         outputs: The dtype the int8 GEMMs write their dequantised outputs in: "fp32", "bf16" (the compiled graph
             runs under bf16 autocast: Inductor's int8-mixed-bf16 lowering makes each `qlinear_pointwise` write bf16,
             half the bytes for the loops that read them: the q/k/v split, GELU, the residual adds; the residual stream
             and the LayerNorms stay fp32, as autocast adds a bf16 output to an fp32 residual in fp32), or "auto"
-            (`linear_outputs_dtype`: bf16 where attention is written out in bf16, fp32 elsewhere).
+            (`linear_outputs_dtype`: bf16 where bf16 is native and attention is written out or int8, fp32
+            elsewhere).
         cpp_wrapper: Have Inductor write the graph's wrapper in C++ (faster calls, slower first call per batch
             size); False keeps its Python wrapper.
 
@@ -270,7 +276,7 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
 
     Raises:
         MissingExtraError: torchao is not installed (`vitlab[quant]`).
-        RuntimeError: The model is not on the CPU.
+        RuntimeError: The model is not on the CPU; attention="int8" where the int8 kernel cannot run or be built.
         ValueError: Bad calibration images.
     """
     ref = next(model.parameters(), None)
