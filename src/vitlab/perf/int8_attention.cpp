@@ -174,14 +174,15 @@ struct Scratch {
 
 inline size_t up64(size_t n) { return (n + 63) & ~size_t(63); }
 
-// q, k, v rows are one head's slice of a token's fused qkv row: thousands of bytes apart, each on another page,
-// where the hardware prefetchers stop. Reading them in order costs a memory latency per row; asking kAhead rows ahead
-// overlaps those latencies.
+// q, k, v rows are one head's slice of a token's fused qkv row, and the output rows one head's slice of a token's
+// (B, N, H*D) row: thousands of bytes apart, each on another page, where the hardware prefetchers stop. Reading or
+// writing them in order costs a memory latency per row; asking rows ahead (for writing, for the output) overlaps
+// those latencies (measured on Zen 4, one thread: 1.5x faster with the reads prefetched, 1.1x more with the writes).
 constexpr int64_t kAhead = 8;
 
-template <typename T>
+template <typename T, bool kWrite = false>
 inline void prefetch_row(const T* p, int64_t D) {
-  for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T0);
+  for (int64_t b = 0; b < D * int64_t(sizeof(T)); b += 64) __builtin_prefetch((const char*)p + b, kWrite, 3);
 }
 
 // This thread's scratch for (N, D), kept between calls (the OpenMP pool's threads live on): allocating and zeroing
@@ -303,8 +304,10 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
   const __mmask16 tail = __mmask16((1u << (N % 16)) - 1);
   const __m512 to255 = _mm512_set1_ps(7.99435344f);  // log2(255): the row's largest p becomes 255
   float rowf[kMaxRows];
+  for (int64_t i = 0; i < kMaxRows && i < N; ++i) prefetch_row<T, true>(out + i * os, D);
   for (int64_t i0 = 0; i0 < N; i0 += kMaxRows) {
     int rows = int(N - i0 < kMaxRows ? N - i0 : kMaxRows);
+    for (int64_t i = i0 + kMaxRows; i < i0 + 2 * kMaxRows && i < N; ++i) prefetch_row<T, true>(out + i * os, D);
     for (int m = 0; m < rows; ++m) {
       // x = log2(e) * scale * q.k (the steps of q carry scale and log2(e)), then its softmax as uint8
       const float* xrow = sc.x + m * Nv;
