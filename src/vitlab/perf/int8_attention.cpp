@@ -166,6 +166,8 @@ struct Scratch {
   int32_t* kc;       // (Nv) -128 * sum_d k8
   int8_t* vp;        // [Np/4][D][4]
   float* sv;         // (D) v steps
+  float* vf;         // (N, D) v in fp32
+  float* vmax;       // (D) max |v| per column
   float* x;          // (kMaxRows, Nv) rows of scores
   uint8_t* p8;       // (kMaxRows, Nv): probabilities, zero past N
   int32_t* o;        // (kMaxRows, D)
@@ -196,7 +198,8 @@ Scratch& scratch_for(int64_t N, int64_t D, int64_t Nv, int64_t Np) {
   sc = Scratch{};
   shape[0] = shape[1] = -1;
   size_t sizes[] = {up64(N * D), up64(N * 4), up64(D * Nv), up64(Nv * 4), up64(Nv * 4), up64(Np * D), up64(D * 4),
-                    up64(kMaxRows * Nv * 4), up64(kMaxRows * Nv), up64(kMaxRows * D * 4)};
+                    up64(kMaxRows * Nv * 4), up64(kMaxRows * Nv), up64(kMaxRows * D * 4), up64(N * D * 4),
+                    up64(D * 4)};
   size_t total = 0;
   for (size_t s : sizes) total += s;
   char* b = static_cast<char*>(std::aligned_alloc(64, total));
@@ -207,7 +210,7 @@ Scratch& scratch_for(int64_t N, int64_t D, int64_t Nv, int64_t Np) {
   auto take = [&](int i) { char* r = p; p += sizes[i]; return r; };
   sc.q8 = (uint8_t*)take(0); sc.sq = (float*)take(1); sc.kp = (int8_t*)take(2); sc.sk = (float*)take(3);
   sc.kc = (int32_t*)take(4); sc.vp = (int8_t*)take(5); sc.sv = (float*)take(6); sc.x = (float*)take(7);
-  sc.p8 = (uint8_t*)take(8); sc.o = (int32_t*)take(9);
+  sc.p8 = (uint8_t*)take(8); sc.o = (int32_t*)take(9); sc.vf = (float*)take(10); sc.vmax = (float*)take(11);
   shape[0] = N;
   shape[1] = D;
   return sc;
@@ -234,10 +237,23 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
   const int ksteps_qk = int(D / 4), ksteps_pv = int(Np / 4), vecs_s = int(Nv / 16), vecs_o = int(D / 16);
   constexpr float kLog2e = 1.44269504088896341f;
   alignas(64) float r[256];
-  // q: per-row int8 shifted to uint8; its step carries the softmax scale and log2(e) (softmax runs in base 2)
-  for (int64_t i = 0; i < kAhead && i < N; ++i) prefetch_row(q + i * qs, D);
+  // One pass over the tokens: q per-row int8 shifted to uint8 (its step carries the softmax scale and log2(e): the
+  // softmax runs in base 2); k per-row int8 packed [D/4][Nv][4], kc = -128 * sum_d k8 taking the shift of q back
+  // out; v kept in fp32 with the largest |v| per column. A token's q, k and v slices share its qkv row's page.
+  float* vmax = sc.vmax;
+  for (int64_t d = 0; d < D; ++d) vmax[d] = 0.0f;
+  __mmask16 vnan[16] = {0};
+  for (int64_t i = 0; i < kAhead && i < N; ++i) {
+    prefetch_row(q + i * qs, D);
+    prefetch_row(k + i * ks, D);
+    prefetch_row(v + i * vs, D);
+  }
   for (int64_t i = 0; i < N; ++i) {
-    prefetch_row(i + kAhead < N ? q + (i + kAhead) * qs : k + (i + kAhead - N) * ks, D);
+    if (i + kAhead < N) {
+      prefetch_row(q + (i + kAhead) * qs, D);
+      prefetch_row(k + (i + kAhead) * ks, D);
+      prefetch_row(v + (i + kAhead) * vs, D);
+    }
     float step = load_row(q + i * qs, D, r);
     sc.sq[i] = step * scale * kLog2e;
     float inv = std::isfinite(step) ? 1.0f / step : 0.0f;
@@ -245,46 +261,38 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
       __m512i qi = _mm512_add_epi32(round16(_mm512_load_ps(r + d), inv), _mm512_set1_epi32(128));
       _mm_storeu_si128((__m128i*)(sc.q8 + i * D + d), _mm512_cvtepi32_epi8(qi));
     }
-  }
-  // k: per-row int8, packed [D/4][Nv][4]; kc = -128 * sum_d k8 takes the shift of q back out
-  for (int64_t j = 0; j < N; ++j) {
-    prefetch_row(j + kAhead < N ? k + (j + kAhead) * ks : v + (j + kAhead - N) * vs, D);
-    float step = load_row(k + j * ks, D, r);
-    sc.sk[j] = step;
-    float inv = std::isfinite(step) ? 1.0f / step : 0.0f;
+    step = load_row(k + i * ks, D, r);
+    sc.sk[i] = step;
+    inv = std::isfinite(step) ? 1.0f / step : 0.0f;
     __m512i sum = _mm512_setzero_si512();
     for (int64_t d = 0; d < D; d += 16) {
       __m512i ki = round16(_mm512_load_ps(r + d), inv);
       sum = _mm512_add_epi32(sum, ki);
       alignas(16) int8_t b[16];
       _mm_store_si128((__m128i*)b, _mm512_cvtepi32_epi8(ki));
-      for (int g = 0; g < 4; ++g) std::memcpy(sc.kp + ((d / 4 + g) * Nv + j) * 4, b + 4 * g, 4);
+      for (int g = 0; g < 4; ++g) std::memcpy(sc.kp + ((d / 4 + g) * Nv + i) * 4, b + 4 * g, 4);
     }
-    sc.kc[j] = -128 * _mm512_reduce_add_epi32(sum);
+    sc.kc[i] = -128 * _mm512_reduce_add_epi32(sum);
+    float* vrow = sc.vf + i * D;
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 x = load16(v + i * vs + d);
+      _mm512_storeu_ps(vrow + d, x);
+      __m512 a = _mm512_abs_ps(x);
+      vnan[d / 16] |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+      _mm512_store_ps(vmax + d, _mm512_max_ps(_mm512_load_ps(vmax + d), a));
+    }
   }
-  // v: per-column int8, packed [Np/4][D][4] (rows past N stay zero)
-  for (int64_t d = 0; d < D; d += 16) {
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 nan = 0;
-    for (int64_t j = 0; j < N; ++j) {
-      if (d == 0 && j + kAhead < N) prefetch_row(v + (j + kAhead) * vs, D);
-      __m512 a = _mm512_abs_ps(load16(v + j * vs + d));
-      nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
-      m = _mm512_max_ps(m, a);
-    }
-    alignas(64) float mx[16];
-    _mm512_store_ps(mx, m);
-    for (int l = 0; l < 16; ++l) {
-      sc.sv[d + l] = (nan >> l) & 1 ? NAN : step_of(mx[l]);
-      r[d + l] = std::isfinite(sc.sv[d + l]) ? 1.0f / sc.sv[d + l] : 0.0f;  // r: 1 / step per column
-    }
+  // v: per-column int8, packed [Np/4][D][4] (rows past N zero)
+  for (int64_t d = 0; d < D; ++d) {
+    sc.sv[d] = (vnan[d / 16] >> (d % 16)) & 1 ? NAN : step_of(vmax[d]);
+    r[d] = std::isfinite(sc.sv[d]) ? 1.0f / sc.sv[d] : 0.0f;  // r: 1 / step per column
   }
   for (int64_t j0 = 0; j0 < N; j0 += 4) {
     for (int64_t d = 0; d < D; d += 16) {
       __m128i g4[4];
       for (int g = 0; g < 4; ++g) {
         if (j0 + g < N) {
-          __m512 y = _mm512_mul_ps(load16(v + (j0 + g) * vs + d), _mm512_load_ps(r + d));
+          __m512 y = _mm512_mul_ps(_mm512_loadu_ps(sc.vf + (j0 + g) * D + d), _mm512_load_ps(r + d));
           g4[g] = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(y));
         } else {
           g4[g] = _mm_setzero_si128();
