@@ -160,7 +160,7 @@ VITLAB_TARGET inline __m512i round16(__m512 x, float inv) {
 
 struct Scratch {
   uint8_t* q8;       // (N, D) q + 128
-  float* sq;         // (N) q steps * scale
+  float* sq;         // (N) q steps * scale * log2(e)
   int8_t* kp;        // [D/4][Nv][4]
   float* sk;         // (Nv) k steps (0 past N)
   int32_t* kc;       // (Nv) -128 * sum_d k8
