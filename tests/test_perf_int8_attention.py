@@ -139,6 +139,8 @@ def test_refused_without_avx512_vnni(monkeypatch):
     monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": full)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")  # kernels held to a CPU without VNNI
     assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE" in int8_attention_unavailable()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2_VNNI")  # VNNI in 256 bits only (Alder Lake): not this kernel's
+    assert "ONEDNN_MAX_CPU_ISA=AVX2_VNNI" in int8_attention_unavailable()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")  # the fp32 class (Cascade Lake): VNNI is there
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
     assert int8_attention_unavailable() is None

@@ -21,9 +21,9 @@ fp32 `bmm`), and torchao's fused int8 SDPA (`torchao.qscaled_dot_product`) has n
   (`vitlab.perf.int8_attention`, `sdpa_int8`): q, k per token and v per channel quantised to int8 on the fly, both
   products with VPDPBUSD, the softmax in fp32 with uint8 probabilities, reading q, k, v straight out of the qkv
   projection's output and writing (B, N, heads, head_dim) for the output projection: no q/k/v split, no transpose.
-  ViT-B/16 batch 8 on a 2-core Zen 4: 1.06x the graph with bf16 attention written out, 1.17x the one with fp32
-  attention on the fp32 class (emulated); top-1 agreement with fp32 99.59% against 99.54% on a trained model
-  (docs/speed.md, "int8 attention");
+  ViT-B/16 batch 8 on a 2-core Zen 4: 1.04-1.07x the graph with bf16 attention written out, 1.16x the one with fp32
+  attention on the fp32 class (emulated); top-1 agreement with fp32 99.30% / 99.59% against 99.41% / 99.54% on two
+  trained models (docs/speed.md, "int8 attention");
 - with AMX tiles, the flash kernel's bf16 path (`sdpa_in`: q, k, v cast to bf16 in the graph, the casts fused by
   Inductor into the neighbouring loops);
 - elsewhere, or where the int8 kernel cannot be built (a warning says so): bf16 written out on AVX512-BF16
@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from ..perf.cpu import amx_kernels, bf16_kernels
-from ..perf.int8_attention import int8_attention_build_error, int8_attention_unavailable
+from ..perf.int8_attention import int8_attention, int8_attention_build_error, int8_attention_unavailable
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
@@ -152,38 +152,39 @@ def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
     return changed
 
 
-def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
-    """Write out every `scaled_dot_product_attention` of an exported graph as softmax(q k^T * scale) v in `dtype`:
-    q, k, v cast to it, two batched matmuls and one softmax (computed in fp32 by Inductor's loop, stored in
-    `dtype`), the output cast back to the dtype it had. Only attention without a mask, dropout, causality or grouped
-    heads is rewritten (ViT's); any other is left as it is. Returns how many were rewritten (in place)."""
+def _plain_sdpa(node: torch.fx.Node) -> tuple[list[torch.Tensor], float, torch.dtype] | None:
+    """For a `scaled_dot_product_attention` node without a mask, dropout, causality or grouped heads (ViT's): the
+    example values of its q, k, v, its softmax scale and its output dtype; None for any other node."""
+    if node.op != "call_function" or node.target is not _SDPA:
+        return None
+    q, k, v, *rest = node.args
+    kw = dict(node.kwargs)
+    plain = (all(r is None or r == d for r, d in zip(rest, (None, 0.0, False), strict=False))
+             and not kw.get("enable_gqa", False) and set(kw) <= {"scale", "enable_gqa"})
+    vals: list[torch.Tensor] = [t for a in (q, k, v) if isinstance(a, torch.fx.Node)
+                                and isinstance(t := a.meta.get("val"), torch.Tensor) and t.is_floating_point()]
+    if not plain or len(vals) != 3:
+        return None
+    given = kw.get("scale")
+    scale = float(vals[0].shape[-1]) ** -0.5 if given is None else float(given)  # type: ignore[arg-type]
+    out = node.meta.get("val")
+    return vals, scale, out.dtype if isinstance(out, torch.Tensor) else torch.float32
+
+
+def _rewrite_sdpa(graph_module: torch.fx.GraphModule, build: Callable[..., Any]) -> int:
+    """Replace each plain attention node (`_plain_sdpa`) for which `build(graph, q, k, v, vals, scale, out_dtype)`
+    returns a node (added before it) by that node; None leaves it. Returns how many were replaced (in place)."""
     g = graph_module.graph
     changed = 0
     for node in list(g.nodes):
-        if node.op != "call_function" or node.target is not _SDPA:
+        plain = _plain_sdpa(node)
+        if plain is None:
             continue
-        q, k, v, *rest = node.args
-        kw = dict(node.kwargs)
-        plain = (all(r is None or r == d for r, d in zip(rest, (None, 0.0, False), strict=False))
-                 and not kw.get("enable_gqa", False) and set(kw) <= {"scale", "enable_gqa"})
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (q, k, v)]
-        out = node.meta.get("val")
-        qv = vals[0]
-        if not plain or not isinstance(qv, torch.Tensor) or not all(
-                isinstance(t, torch.Tensor) and t.is_floating_point() for t in vals):
-            continue
-        scale = kw.get("scale")
-        scale = float(qv.shape[-1]) ** -0.5 if scale is None else float(scale)
-        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.float32
+        vals, scale, out_dtype = plain
         with g.inserting_before(node):
-            def cast(a: Any, dt: torch.dtype = dtype) -> Any:
-                return g.call_function(torch.ops.aten._to_copy.default, (a,), {"dtype": dt})
-
-            qq = g.call_function(torch.ops.aten.mul.Tensor, (cast(q), scale))
-            kt = g.call_function(torch.ops.aten.transpose.int, (cast(k), -2, -1))
-            scores = g.call_function(torch.ops.aten.matmul.default, (qq, kt))  # (B, heads, N, N)
-            probs = g.call_function(torch.ops.aten._softmax.default, (scores, -1, False))
-            result = cast(g.call_function(torch.ops.aten.matmul.default, (probs, cast(v))), out_dtype)
+            result = build(g, *node.args[:3], vals, scale, out_dtype)
+        if result is None:
+            continue
         node.replace_all_uses_with(result)
         g.erase_node(node)
         changed += 1
@@ -191,45 +192,43 @@ def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
         g.lint()
         graph_module.recompile()
     return changed
+
+
+def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
+    """Write out every `scaled_dot_product_attention` of an exported graph as softmax(q k^T * scale) v in `dtype`:
+    q, k, v cast to it, two batched matmuls and one softmax (computed in fp32 by Inductor's loop, stored in
+    `dtype`), the output cast back to the dtype it had. Only attention without a mask, dropout, causality or grouped
+    heads is rewritten (ViT's); any other is left as it is. Returns how many were rewritten (in place)."""
+    def build(g: torch.fx.Graph, q: Any, k: Any, v: Any, vals: list[torch.Tensor], scale: float,
+              out_dtype: torch.dtype) -> Any:
+        def cast(a: Any, dt: torch.dtype = dtype) -> Any:
+            return g.call_function(torch.ops.aten._to_copy.default, (a,), {"dtype": dt})
+
+        qq = g.call_function(torch.ops.aten.mul.Tensor, (cast(q), scale))
+        kt = g.call_function(torch.ops.aten.transpose.int, (cast(k), -2, -1))
+        scores = g.call_function(torch.ops.aten.matmul.default, (qq, kt))  # (B, heads, N, N)
+        probs = g.call_function(torch.ops.aten._softmax.default, (scores, -1, False))
+        return cast(g.call_function(torch.ops.aten.matmul.default, (probs, cast(v))), out_dtype)
+
+    return _rewrite_sdpa(graph_module, build)
 
 
 def sdpa_int8(graph_module: torch.fx.GraphModule) -> int:
     """Replace every `scaled_dot_product_attention` of an exported graph by vitlab's fused int8 attention
     (`vitlab.perf.int8_attention`): q, k, v passed as they are (fp32 or bf16, strided views of the qkv projection),
     the output in their dtype, cast back to the dtype the graph had. Only attention without a mask, dropout,
-    causality or grouped heads, with a head dimension that is a multiple of 16 up to 256, is rewritten (ViT's); any
-    other is left as it is. Returns how many were rewritten (in place)."""
-    from ..perf.int8_attention import int8_attention
+    causality or grouped heads, with q, k, v of one 4-D shape and a head dimension that is a multiple of 16 up to
+    256, is rewritten (ViT's); any other is left as it is. Returns how many were rewritten (in place)."""
+    def build(g: torch.fx.Graph, q: Any, k: Any, v: Any, vals: list[torch.Tensor], scale: float,
+              out_dtype: torch.dtype) -> Any:
+        d = vals[0].shape[-1]
+        if not all(t.dtype in (torch.float32, torch.bfloat16) and t.dim() == 4 and t.shape == vals[0].shape
+                   for t in vals) or d % 16 or not 16 <= d <= 256:
+            return None
+        attn = g.call_function(int8_attention._opoverload, (q, k, v, scale))
+        return g.call_function(torch.ops.aten._to_copy.default, (attn,), {"dtype": out_dtype})
 
-    g = graph_module.graph
-    changed = 0
-    for node in list(g.nodes):
-        if node.op != "call_function" or node.target is not _SDPA:
-            continue
-        q, k, v, *rest = node.args
-        kw = dict(node.kwargs)
-        plain = (all(r is None or r == d for r, d in zip(rest, (None, 0.0, False), strict=False))
-                 and not kw.get("enable_gqa", False) and set(kw) <= {"scale", "enable_gqa"})
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (q, k, v)]
-        out = node.meta.get("val")
-        qv = vals[0]
-        if not plain or not isinstance(qv, torch.Tensor) or not all(
-                isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.bfloat16) and t.dim() == 4
-                and t.shape == qv.shape for t in vals) or qv.shape[-1] % 16 or not 16 <= qv.shape[-1] <= 256:
-            continue
-        scale = kw.get("scale")
-        scale = float(qv.shape[-1]) ** -0.5 if scale is None else float(scale)
-        out_dtype = out.dtype if isinstance(out, torch.Tensor) else torch.float32
-        with g.inserting_before(node):
-            attn = g.call_function(int8_attention._opoverload, (q, k, v, scale))
-            result = g.call_function(torch.ops.aten._to_copy.default, (attn,), {"dtype": out_dtype})
-        node.replace_all_uses_with(result)
-        g.erase_node(node)
-        changed += 1
-    if changed:
-        g.lint()
-        graph_module.recompile()
-    return changed
+    return _rewrite_sdpa(graph_module, build)
 
 
 def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:

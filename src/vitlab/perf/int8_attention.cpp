@@ -120,7 +120,8 @@ VITLAB_TARGET void tile_scores(const uint8_t* a, const int8_t* B, int64_t ldb, i
     _mm512_storeu_ps(x + n * 16, xn);
     mx = n + 1 < NR ? _mm512_max_ps(mx, xn) : _mm512_mask_max_ps(mx, last, mx, xn);
   }
-  *rmax = std::fmax(*rmax, _mm512_reduce_max_ps(mx));
+  const float m = _mm512_reduce_max_ps(mx);
+  if (m > *rmax) *rmax = m;  // a NaN score is left to reach the row sum
 }
 
 constexpr int kScoreVecs = 13;  // column vectors per score tile at most (ViT's 197 tokens: 13, one tile)

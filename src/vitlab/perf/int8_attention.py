@@ -35,10 +35,10 @@ from . import cpu
 __all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_unavailable"]
 
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")  # what the kernel's code uses
-# kernel-emulation values that still allow AVX512-VNNI: ATEN_CPU_CAPABILITY (torch's kernels), ONEDNN_MAX_CPU_ISA
-_VNNI_ISAS = {"ATEN_CPU_CAPABILITY": ("avx512",),
-              "ONEDNN_MAX_CPU_ISA": ("all", "avx512_core_vnni", "avx512_core_bf16", "avx512_core_fp16",
-                                     "avx512_core_amx", "avx512_core_amx_fp16")}
+# kernel-emulation values (`vitlab.perf.cpu.kernel_emulation`) that hold a process below AVX512-VNNI: torch's own
+# kernels (ATEN_CPU_CAPABILITY) and oneDNN's (ONEDNN_MAX_CPU_ISA, whose ISAs from AVX512_CORE_VNNI up all have it)
+_BELOW_VNNI = {"ATEN_CPU_CAPABILITY": ("default", "avx2"),
+               "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core")}
 _lock = threading.Lock()
 
 
@@ -50,7 +50,7 @@ def int8_attention_unavailable() -> str | None:
     missing = [f for f in REQUIRED_FLAGS if f not in flags]
     if missing:
         return f"int8 attention needs AVX512-VNNI; this CPU lacks {', '.join(missing)}"
-    held = {k: v for k, v in cpu.kernel_emulation().items() if k in _VNNI_ISAS and v.lower() not in _VNNI_ISAS[k]}
+    held = {k: v for k, v in cpu.kernel_emulation().items() if v.lower() in _BELOW_VNNI.get(k, ())}
     if held:
         return "int8 attention needs AVX512-VNNI kernels; " + " ".join(f"{k}={v}" for k, v in held.items()) + \
             " holds this process to a lesser CPU's"
