@@ -58,7 +58,10 @@ VITLAB_TARGET void tile(const uint8_t* A, int64_t lda, const int8_t* B, int64_t 
     for (int n = 0; n < NR; ++n) acc[m][n] = _mm512_setzero_si512();
   for (int kk = 0; kk < ksteps; ++kk) {
     __m512i b[NR];
-    for (int n = 0; n < NR; ++n) b[n] = _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64));
+    for (int n = 0; n < NR; ++n) {
+      b[n] = _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64));
+      __asm__("" : "+v"(b[n]));  // keep it in a register: one load for all MR rows
+    }
     for (int m = 0; m < MR; ++m) {
       int32_t a4;
       std::memcpy(&a4, A + m * lda + kk * 4, 4);
