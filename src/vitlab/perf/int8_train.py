@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .linear import plain_tensor
+from .linear import linear_operands
 
 QMAX = 127  # symmetric int8: -127..127 (-128 unused, so negation is exact)
 MAX_REDUCTION = (2**31 - 1) // (QMAX * QMAX)  # int32 accumulators cannot overflow below this many terms
@@ -104,16 +104,10 @@ def routed_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor
     """(x, weight, bias, compute dtype) of an `F.linear(*args, **kwargs)` call that `int8_training` routes: gradients
     on and wanted, plain CPU tensors (not DTensors or other subclasses), x with a batch axis in fp32 or bf16, a 2-D
     weight; the compute dtype is CPU autocast's when it is on, else x's. None for any other call."""
-    if not torch.is_grad_enabled():
+    operands = linear_operands(args, kwargs) if torch.is_grad_enabled() else None
+    if operands is None:
         return None
-    x = args[0] if args else kwargs.get("input")
-    weight = args[1] if len(args) > 1 else kwargs.get("weight")
-    bias = args[2] if len(args) > 2 else kwargs.get("bias")
-    if not (plain_tensor(x) and plain_tensor(weight) and (bias is None or plain_tensor(bias))):
-        return None
-    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-    if x.device.type != "cpu" or x.ndim < 2 or weight.ndim != 2 or not (x.requires_grad or weight.requires_grad):
-        return None
+    x, weight, bias = operands
     if weight.shape[1] > MAX_REDUCTION or weight.shape[0] > MAX_REDUCTION:
         return None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else x.dtype

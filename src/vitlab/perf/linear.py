@@ -106,12 +106,10 @@ def linear_backward(ctx, dy: torch.Tensor, weight_grad: Callable[[torch.Tensor, 
     return dx, dw, db, None
 
 
-def traced_bf16_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
-    """The (x, weight, bias) of an `F.linear(*args, **kwargs)` call that vitlab's training contexts may route:
-    torch.compile tracing, gradients on and wanted by x or the weight, bf16 CPU autocast, plain CPU tensors, x with
-    a batch axis, a 2-D weight. None for any other call (it runs as it is)."""
-    if not tracing_bf16_training():
-        return None
+def linear_operands(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The (x, weight, bias) of an `F.linear(*args, **kwargs)` call that a gradient-routing context may take over:
+    plain CPU tensors (not DTensors or other subclasses), x with a batch axis, a 2-D weight, a gradient wanted by x
+    or the weight. None for any other call (it runs as it is)."""
     x = args[0] if args else kwargs.get("input")
     weight = args[1] if len(args) > 1 else kwargs.get("weight")
     bias = args[2] if len(args) > 2 else kwargs.get("bias")
@@ -121,6 +119,13 @@ def traced_bf16_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.T
     if x.device.type == "cpu" and x.ndim >= 2 and weight.ndim == 2 and (x.requires_grad or weight.requires_grad):
         return x, weight, bias
     return None
+
+
+def traced_bf16_linear(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """The (x, weight, bias) of an `F.linear(*args, **kwargs)` call that vitlab's training contexts may route:
+    torch.compile tracing, gradients on, bf16 CPU autocast, and the operands `linear_operands` takes. None for any
+    other call (it runs as it is)."""
+    return linear_operands(args, kwargs) if tracing_bf16_training() else None
 
 
 def tracing_bf16_training() -> bool:
