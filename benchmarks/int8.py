@@ -5,9 +5,10 @@
 
 `--modes ... int8-static-fp32attn` adds int8-static with attention kept in fp32 (what int8-static ran before
 attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-static-bf16math` with attention in
-bf16 through the flash kernel / written out (`quant.attention_plan` picks one per host class), to see what each buys in
-the same rounds; `int8-static-fp32out` / `int8-static-bf16out` with the linear layers writing fp32 / bf16
-(`quant.linear_outputs_dtype` picks per host class); `int8-static-pywrapper` with Inductor's Python wrapper (what
+bf16 through the flash kernel / written out, `int8-static-int8attn` with vitlab's fused int8 attention
+(`quant.attention_plan` picks one per host class), to see what each buys in the same rounds; `int8-static-fp32out` /
+`int8-static-bf16out` with the linear layers writing fp32 / bf16 (`quant.linear_outputs_dtype` picks per host
+class); `int8-static-pywrapper` with Inductor's Python wrapper (what
 int8-static ran before its C++ wrapper, 2026-12-07); `openvino-int8` quantises with NNCF's
 `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since 2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults,
 and `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).

@@ -439,3 +439,18 @@ def test_auto_with_autotune_off_takes_the_first_candidate_that_agrees():
     fast = optimize(model, "auto", calib=calib, candidates=("bf16", "fp32"))
     # conftest switches autotune off: no timing, the first candidate, unless it changes answers here
     assert fast.mode == ("bf16" if bf16_agrees else "fp32")
+
+
+def test_sdpa_int8_rewrites_only_attention_the_kernel_takes():
+    """Head dimension 64 (ViT-Ti's): every block's attention becomes the int8 kernel; 40 (not a multiple of 16):
+    left as it is, to run in floating point."""
+    from vitlab.deploy.quant import sdpa_int8
+
+    for width, heads, blocks, expected in ((192, 3, 2, 2), (120, 3, 1, 0)):
+        model = vitlab.create_model("ViT-Ti/16", depth=blocks, img_size=32, patch_size=8, num_classes=10,
+                                    embed_dim=width, num_heads=heads).eval()
+        graph = torch.export.export(model, (torch.randn(2, 3, 32, 32),)).module()
+        assert sdpa_int8(graph) == expected
+        targets = {n.target for n in graph.graph.nodes}
+        assert (torch.ops.vitlab.int8_attention.default in targets) == (expected > 0)
+        assert (torch.ops.aten.scaled_dot_product_attention.default in targets) == (expected == 0)

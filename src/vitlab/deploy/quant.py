@@ -58,7 +58,12 @@ import torch
 from torch import nn
 
 from ..perf.cpu import amx_kernels, bf16_kernels
-from ..perf.int8_attention import int8_attention, int8_attention_build_error, int8_attention_unavailable
+from ..perf.int8_attention import (
+    int8_attention,
+    int8_attention_build_error,
+    int8_attention_unavailable,
+    unsupported_inputs,
+)
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
@@ -217,13 +222,12 @@ def sdpa_int8(graph_module: torch.fx.GraphModule) -> int:
     """Replace every `scaled_dot_product_attention` of an exported graph by vitlab's fused int8 attention
     (`vitlab.perf.int8_attention`): q, k, v passed as they are (fp32 or bf16, strided views of the qkv projection),
     the output in their dtype, cast back to the dtype the graph had. Only attention without a mask, dropout,
-    causality or grouped heads, with q, k, v of one 4-D shape and a head dimension that is a multiple of 16 up to
-    256, is rewritten (ViT's); any other is left as it is. Returns how many were rewritten (in place)."""
+    causality or grouped heads, on inputs the kernel takes (`unsupported_inputs`: one 4-D shape, a head dimension
+    that is a multiple of 16 up to 256), is rewritten (ViT's); any other is left as it is. Returns how many were
+    rewritten (in place)."""
     def build(g: torch.fx.Graph, q: Any, k: Any, v: Any, vals: list[torch.Tensor], scale: float,
               out_dtype: torch.dtype) -> Any:
-        d = vals[0].shape[-1]
-        if not all(t.dtype in (torch.float32, torch.bfloat16) and t.dim() == 4 and t.shape == vals[0].shape
-                   for t in vals) or d % 16 or not 16 <= d <= 256:
+        if unsupported_inputs(*vals):  # the kernel's own rule, on the graph's example values
             return None
         attn = g.call_function(int8_attention._opoverload, (q, k, v, scale))
         return g.call_function(torch.ops.aten._to_copy.default, (attn,), {"dtype": out_dtype})

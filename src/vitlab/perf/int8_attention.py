@@ -32,7 +32,8 @@ import torch
 
 from . import cpu
 
-__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_unavailable"]
+__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_unavailable",
+           "unsupported_inputs"]
 
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")  # what the kernel's code uses
 # kernel-emulation values (`vitlab.perf.cpu.kernel_emulation`) that hold a process below AVX512-VNNI: torch's own
@@ -86,21 +87,29 @@ def _kernel() -> Any:
     return fn
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def unsupported_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """Why `int8_attention` does not take these q, k, v (one line), or None when it does: (B, heads, N, head_dim)
+    CPU tensors of one shape and one dtype (fp32 or bf16), the head dimension a multiple of 16 in [16, 256]."""
     if not (q.dim() == k.dim() == v.dim() == 4):
-        raise ValueError(f"int8_attention takes (B, heads, N, head_dim) q, k, v; got shapes {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        return (f"int8_attention takes (B, heads, N, head_dim) q, k, v; got shapes {tuple(q.shape)}, "
+                f"{tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"int8_attention needs q, k, v of one shape (no cross-attention, no grouped heads); got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        return (f"int8_attention needs q, k, v of one shape (no cross-attention, no grouped heads); got "
+                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"int8_attention takes fp32 or bf16 q, k, v of one dtype; got {q.dtype}, {k.dtype}, "
-                         f"{v.dtype}")
+        return f"int8_attention takes fp32 or bf16 q, k, v of one dtype; got {q.dtype}, {k.dtype}, {v.dtype}"
     if not all(t.device.type == "cpu" for t in (q, k, v)):
-        raise ValueError(f"int8_attention runs on the CPU; got {q.device}, {k.device}, {v.device}")
+        return f"int8_attention runs on the CPU; got {q.device}, {k.device}, {v.device}"
     d = q.shape[-1]
     if d % 16 or not 16 <= d <= 256:
-        raise ValueError(f"int8_attention needs a head dimension that is a multiple of 16 in [16, 256]; got {d}")
+        return f"int8_attention needs a head dimension that is a multiple of 16 in [16, 256]; got {d}"
+    return None
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    reason = unsupported_inputs(q, k, v)
+    if reason:
+        raise ValueError(reason)
 
 
 @torch.library.custom_op("vitlab::int8_attention", mutates_args=())
