@@ -83,6 +83,17 @@ def test_idx_huge_declared_size_is_refused_before_allocating(gz):
         read_idx_bytes(gzip.compress(blob) if gz else blob)
 
 
+def test_idx_empty_shape_numpy_cannot_hold_is_refused():
+    """A zero dimension makes the data 0 bytes (so the length check passes), but numpy still refuses a shape whose
+    other dimensions multiply past its index range: found by the fuzz test above (f8, sizes (0, 0, 2^28 + 2^26,
+    0xcd000000)); a DataError naming the shape, not numpy's ValueError."""
+    blob = bytes([0, 0, 0x0E, 4]) + b"\x00" * 8 + (0x14000000).to_bytes(4, "big") + (0xCD000000).to_bytes(4, "big")
+    with pytest.raises(DataError, match=r"shape \(0, 0, 335544320, 3439329280\).*numpy"):
+        read_idx_bytes(blob)
+    small = bytes([0, 0, 0x08, 3]) + b"\x00" * 4 + (7).to_bytes(4, "big") + (5).to_bytes(4, "big")
+    assert read_idx_bytes(small).shape == (0, 7, 5)  # an empty array numpy can hold still reads
+
+
 def read_idx_bytes(blob: bytes) -> np.ndarray:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "f.idx")

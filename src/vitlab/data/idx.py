@@ -65,6 +65,10 @@ def _idx_header(path: str, raw: bytes, *, data_len: int | None = None) -> tuple[
     if got != expected:
         kind = "truncated" if got < expected else "has trailing bytes"
         raise DataError(path, f"IDX data {kind}: shape {shape} needs {expected} bytes, file has {got}")
+    # numpy bounds the product of the non-zero sizes even for an empty array (a zero size makes it 0 bytes, so the
+    # length check passes)
+    if math.prod(s for s in shape if s) * dtype.itemsize > np.iinfo(np.intp).max:
+        raise DataError(path, f"IDX header declares shape {shape}, larger than numpy can index")
     return dtype, shape, header
 
 
