@@ -181,3 +181,30 @@ def test_a_later_call_keeps_time_to_rebuild_the_stored_winner(tuned, monkeypatch
     fast = optimize(model, "auto", calib=calib, candidates=cands, budget_s=fits_alone)
     assert "int8-static" in fast.auto_report.skipped  # int8's rebuild (~1 s) is kept out of the budget
     assert built == ["int8"] and fast.mode == "int8"
+
+
+class _Fixed(torch.nn.Module):
+    """A 'mode' answering image i (an image holding the number i) with the given logits' row i."""
+
+    def __init__(self, logits: torch.Tensor):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits[x[:, 0].long()]
+
+
+def test_agreement_counts_a_near_tie_of_the_reference_but_not_a_changed_answer():
+    # reference logits per image: range 10 (max 5, min -5), so TIE = 1% allows picks within 0.1 of the top
+    ref = torch.tensor([[5.0, 4.95, 0.0, -5.0],    # classes 0 and 1 tie to 0.05: either answer is fp32's
+                        [5.0, 4.8, 0.0, -5.0],     # 0.2 apart: class 1 is another answer
+                        [5.0, -5.0, 4.92, 0.0]])   # class 2 is 0.08 below the top: a tie
+    images = torch.arange(3.0)[:, None]  # (3, 1): image i holds i
+    same = torch.tensor([[1.0, 0, 0, 0]] * 3)  # picks class 0 everywhere: the reference's own answers
+    assert autoselect.agreement(_Fixed(same), ref, images, 2) == 1.0
+    other = torch.tensor([[0, 1.0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]])
+    assert autoselect.agreement(_Fixed(other), ref, images, 2) == pytest.approx(2 / 3)  # image 1 changed answer
+    worst = torch.tensor([[0, 0, 0, 1.0]] * 3)  # the reference's lowest class: never agrees
+    assert autoselect.agreement(_Fixed(worst), ref, images, 3) == 0.0
+    flat = torch.zeros(3, 4)  # a reference with no preference (zero head): any pick is its answer
+    assert autoselect.agreement(_Fixed(worst), flat, images, 3) == 1.0

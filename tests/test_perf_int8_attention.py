@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.perf import cpu
-from vitlab.perf.int8_attention import int8_attention, int8_attention_unavailable
+from vitlab.perf.int8_attention import int8_attention, int8_attention_quantized, int8_attention_unavailable
 
 needs_kernel = pytest.mark.skipif(int8_attention_unavailable() is not None,
                                   reason=f"{int8_attention_unavailable()}")
@@ -111,6 +111,35 @@ def test_kernel_special_values():
     out = int8_attention(q, k, vn, 0.2)
     assert out[0, 1, :, 4].isnan().all() and out[0, 1, :, torch.arange(32) != 4].isfinite().all()
     assert int8_attention(q[:0], k[:0], v[:0], 0.2).shape == (0, 2, 40, 32)  # an empty batch
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantized_output_is_quantize_per_tensor_of_the_fp32_result(dtype):
+    """The uint8 codes the output projection reads: torch's own quantize_per_tensor of the kernel's fp32 result
+    (the same products: bf16 inputs are widened exactly), round half to even, clamped to [0, 255], in the
+    (B, N, heads, head_dim) memory of the float output."""
+    q, k, v = _qkv(2, 3, 50, 64, dtype=dtype, sharp=1.5)
+    ref = int8_attention(q.float(), k.float(), v.float(), 0.125)  # fp32: what the codes quantise
+    for step, zp in ((0.004, 128), (0.02, 3), (0.001, 250)):  # some of these clamp at 0 or 255
+        codes = int8_attention_quantized(q, k, v, 0.125, step, zp)
+        assert codes.dtype == torch.uint8 and codes.shape == q.shape
+        assert codes.permute(0, 2, 1, 3).is_contiguous()  # (B, N, H, D) memory
+        expect = torch.clamp(torch.round(ref / step) + zp, 0, 255).to(torch.uint8)
+        diff = (codes.int() - expect.int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 1e-3  # off by one only where x / step rounds at a half
+    assert (int8_attention_quantized(q, k, v, 0.125, 0.001, 250) == 255).any()  # the clamp was exercised
+    vn = v.clone()
+    vn[0, 1, 9, 4] = float("nan")  # NaN reaches no integer: that channel's codes are 0
+    codes = int8_attention_quantized(q, k, vn, 0.125, 0.01, 100)
+    assert (codes[0, 1, :, 4] == 0).all() and (codes[0, 1, :, 5] > 0).any()
+
+
+def test_quantized_output_refuses_a_bad_output_quantisation():
+    q = torch.randn(1, 2, 8, 64)
+    for step, zp in ((0.0, 128), (-0.1, 128), (float("inf"), 128), (float("nan"), 0), (0.1, 256), (0.1, -1)):
+        with pytest.raises(ValueError, match="positive, finite scale and a zero point in"):
+            int8_attention_quantized(q, q, q, 0.1, step, zp)
 
 
 def test_bad_inputs_are_named():

@@ -173,6 +173,31 @@ def test_int8_attention_refused_or_replaced_where_it_cannot_run(monkeypatch):
     assert q.meta["attention_dtype"] == "float32" and "attention_kernel" not in q.meta  # fp32 flash, as before
 
 
+def test_layer_norm_fused_with_its_quantise_or_left_to_inductor(monkeypatch):
+    """Each block's two LayerNorms (each feeding an int8 GEMM through a quantise) become vitlab's one-pass kernel;
+    the final one (feeding the head's slice of the class token) is left; fused_norm=False, or a kernel that does
+    not build (a warning says so), leaves them all to Inductor."""
+    from vitlab.deploy import quant
+    from vitlab.perf import norm_quant
+
+    model, calib = _tiny(depth=2), torch.randn(2, 3, 32, 32)
+
+    def norms(q):
+        targets = [n.target for n in q.graph.nodes]
+        return (targets.count(torch.ops.vitlab.layer_norm_quantize.default),
+                targets.count(torch.ops.aten.layer_norm.default))
+
+    if norm_quant.layer_norm_quantize_build_error() is None:
+        q, _ = quant.quantize_static(model, calib)
+        assert norms(q) == (4, 1) and q.meta["norm_kernel"] == "layer_norm_quantize"
+    q, _ = quant.quantize_static(model, calib, fused_norm=False)
+    assert norms(q) == (0, 5) and "norm_kernel" not in q.meta
+    monkeypatch.setattr(norm_quant, "layer_norm_quantize_build_error", lambda: "no compiler (test)")
+    with pytest.warns(RuntimeWarning, match=r"LayerNorm \+ quantise left to Inductor's loop \(no compiler \(test\)\)"):
+        q, _ = quant.quantize_static(model, calib)
+    assert norms(q) == (0, 5)
+
+
 @pytest.mark.slow  # two Inductor compiles
 @pytest.mark.skipif(__import__("vitlab.perf.int8_attention", fromlist=["x"]).int8_attention_unavailable() is not None,
                     reason="int8 attention needs AVX512-VNNI")
@@ -197,8 +222,12 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     with profile() as prof:
         run_py(x)
     calls = {e.key: e.count for e in prof.key_averages()}
-    assert calls.get("vitlab::int8_attention", 0) == 2, calls  # one per block, in place of the float attention
-    assert not {"aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
+    # one per block, in place of the float attention, writing the output projection's uint8 input itself
+    assert calls.get("vitlab::int8_attention_quantized", 0) == 2, calls
+    assert not {"vitlab::int8_attention", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
+    assert calls.get("vitlab::layer_norm_quantize", 0) == 4, calls  # each block's two LayerNorms, with their quantise
+    loops = [k for k in calls if k.startswith("graph_") and "quantize_per_tensor" in k]
+    assert len(loops) <= 2, loops  # the image's (patch embedding's input) and the final norm's: none per block
     assert torch.equal(out_py, out)  # the C++ wrapper calls the same kernels
 
 
@@ -387,8 +416,12 @@ def test_auto_measures_once_then_reads_the_cache(tuned, monkeypatch):
     assert "fp32" in eligible  # agrees with itself
     with torch.no_grad():
         ref = model(calib)
-    # the winner passed the agreement check on the calibration images
-    assert (fast(calib).argmax(1) == ref.argmax(1)).float().mean() >= autoselect.MIN_AGREEMENT
+    # the winner passed the agreement check on the calibration images: fp32's class, or one fp32 scores within TIE
+    # of the image's logit range below it (a near-tie of the random model)
+    pick = fast(calib).argmax(1)
+    top, low = ref.max(1).values, ref.min(1).values
+    gap = (top - ref.gather(1, pick[:, None]).squeeze(1)) / (top - low)
+    assert ((pick == ref.argmax(1)) | (gap <= autoselect.TIE)).float().mean() >= autoselect.MIN_AGREEMENT
     built.clear()
     again = optimize(model, "auto", calib=calib, candidates=("fp32", "bf16", "int8"))
     assert built == [fast.mode] and again.mode == fast.mode  # from the cache: only the winner is built
@@ -416,7 +449,7 @@ def test_auto_rechecks_a_cached_winner_on_new_weights(tuned, monkeypatch):
     # int8 is the stored winner but fails here: the next fastest stored one that agrees (bf16 or else fp32)
     assert fast.mode in ("bf16", "fp32")
     if fast.mode == "bf16":
-        assert (fast(calib).argmax(1) == ref.argmax(1)).float().mean() >= autoselect.MIN_AGREEMENT
+        assert real(fast, ref, calib, len(calib)) >= autoselect.MIN_AGREEMENT  # the check it passed
 
 
 def test_auto_errors_are_named():

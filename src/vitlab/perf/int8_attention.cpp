@@ -37,6 +37,21 @@ VITLAB_TARGET inline void store16(uint16_t* p, __m512 x) {  // fp32 -> bf16, rou
   _mm256_storeu_si256((__m256i*)p, _mm512_cvtepi32_epi16(r));
 }
 
+// The output's quantisation when it is written as uint8 codes (the int8 GEMM after attention reads them):
+// clamp(round_half_even(x * inv) + zero_point, 0, 255); NaN becomes 0.
+struct OutQuant {
+  float inv;
+  int32_t zero_point;
+};
+template <typename T>
+VITLAB_TARGET inline void store_out(T* p, __m512 x, const OutQuant&) { store16(p, x); }
+VITLAB_TARGET inline void store_out(uint8_t* p, __m512 x, const OutQuant& oq) {
+  __m512i c = _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(oq.inv))),
+                               _mm512_set1_epi32(oq.zero_point));  // NaN: INT_MIN + zero point, clamped to 0
+  c = _mm512_min_epi32(_mm512_max_epi32(c, _mm512_setzero_si512()), _mm512_set1_epi32(255));
+  _mm_storeu_si128((__m128i*)p, _mm512_cvtepi32_epi8(c));
+}
+
 VITLAB_TARGET inline __m512 exp2_16(__m512 t) {  // 2^t for t <= 8 (and NaN): 2^n * p(f), |rel err| < 1e-5
   __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_sub_ps(t, n);  // [-0.5, 0.5]
@@ -234,10 +249,10 @@ VITLAB_TARGET inline float load_row(const T* src, int64_t D, float* r) {
   return nan ? NAN : step_of(_mm512_reduce_max_ps(m));
 }
 
-template <typename T>
-VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs, T* out,
+template <typename T, typename TO>
+VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, const T* v, int64_t vs, TO* out,
                             int64_t os, int64_t N, int64_t D, int64_t Nv, int64_t Np, float scale,
-                            const Scratch& sc) {
+                            const OutQuant& oq, const Scratch& sc) {
   const int ksteps_qk = int(D / 4), ksteps_pv = int(Np / 4), vecs_s = int(Nv / 16), vecs_o = int(D / 16);
   constexpr float kLog2e = 1.44269504088896341f;
   alignas(64) float r[256];
@@ -316,10 +331,10 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
   const __mmask16 tail = __mmask16((1u << (N % 16)) - 1);
   const __m512 to255 = _mm512_set1_ps(7.99435344f);  // log2(255): the row's largest p becomes 255
   float rowf[kMaxRows];
-  for (int64_t i = 0; i < kMaxRows && i < N; ++i) prefetch_row<T, true>(out + i * os, D);
+  for (int64_t i = 0; i < kMaxRows && i < N; ++i) prefetch_row<TO, true>(out + i * os, D);
   for (int64_t i0 = 0; i0 < N; i0 += kMaxRows) {
     int rows = int(N - i0 < kMaxRows ? N - i0 : kMaxRows);
-    for (int64_t i = i0 + kMaxRows; i < i0 + 2 * kMaxRows && i < N; ++i) prefetch_row<T, true>(out + i * os, D);
+    for (int64_t i = i0 + kMaxRows; i < i0 + 2 * kMaxRows && i < N; ++i) prefetch_row<TO, true>(out + i * os, D);
     for (int m = 0; m < rows; ++m) {
       // x = log2(e) * scale * q.k (the steps of q carry scale and log2(e)), then its softmax as uint8
       const float* xrow = sc.x + m * Nv;
@@ -348,15 +363,15 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
       __m512 f = _mm512_set1_ps(rowf[m]);
       for (int64_t d = 0; d < D; d += 16) {
         __m512 o = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(sc.o + m * D + d)));
-        store16(out + (i0 + m) * os + d, _mm512_mul_ps(_mm512_mul_ps(o, f), _mm512_loadu_ps(sc.sv + d)));
+        store_out(out + (i0 + m) * os + d, _mm512_mul_ps(_mm512_mul_ps(o, f), _mm512_loadu_ps(sc.sv + d)), oq);
       }
     }
   }
 }
 
-template <typename T>
-int run(const T* q, const T* k, const T* v, T* out, int64_t B, int64_t H, int64_t N, int64_t D,
-        const int64_t* st, float scale, int threads) {
+template <typename T, typename TO>
+int run(const T* q, const T* k, const T* v, TO* out, int64_t B, int64_t H, int64_t N, int64_t D,
+        const int64_t* st, float scale, const OutQuant& oq, int threads) {
   const int64_t Nv = (N + 15) / 16 * 16, Np = (N + 3) / 4 * 4;
   int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
@@ -368,26 +383,35 @@ int run(const T* q, const T* k, const T* v, T* out, int64_t B, int64_t H, int64_
 #pragma omp for schedule(static)
       for (int64_t bh = 0; bh < B * H; ++bh) {
         int64_t b = bh / H, h = bh % H;
-        one_head<T>(q + b * st[0] + h * st[1], st[2], k + b * st[3] + h * st[4], st[5],
-                    v + b * st[6] + h * st[7], st[8], out + b * st[9] + h * st[10], st[11], N, D, Nv, Np,
-                    scale, sc);
+        one_head<T, TO>(q + b * st[0] + h * st[1], st[2], k + b * st[3] + h * st[4], st[5],
+                        v + b * st[6] + h * st[7], st[8], out + b * st[9] + h * st[10], st[11], N, D, Nv, Np,
+                        scale, oq, sc);
       }
     }
   }
   return failed;
 }
 
+template <typename T>
+int run_to(const void* q, const void* k, const void* v, void* out, bool codes, int64_t B, int64_t H, int64_t N,
+           int64_t D, const int64_t* st, float scale, const OutQuant& oq, int threads) {
+  if (codes)
+    return run<T, uint8_t>((const T*)q, (const T*)k, (const T*)v, (uint8_t*)out, B, H, N, D, st, scale, oq,
+                           threads);
+  return run<T, T>((const T*)q, (const T*)k, (const T*)v, (T*)out, B, H, N, D, st, scale, oq, threads);
+}
+
 }  // namespace
 
 // q, k, v, out: (B, H, N, D) with D contiguous; strides (in elements) in st: b, h, n of q, k, v, out in turn.
-// dtype 0: fp32, 1: bf16. Returns 0, or 1 when scratch memory could not be allocated, 2 for bad sizes.
-extern "C" int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int64_t B,
-                                     int64_t H, int64_t N, int64_t D, const int64_t* st, float scale,
-                                     int threads) {
+// dtype 0: fp32, 1: bf16 (q, k, v; and out unless codes). codes 1: out is uint8, quantised per tensor with step
+// 1 / out_inv_scale and out_zero_point. Returns 0, or 1 when scratch memory could not be allocated, 2 for bad
+// sizes.
+extern "C" int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int codes,
+                                     float out_inv_scale, int out_zero_point, int64_t B, int64_t H, int64_t N,
+                                     int64_t D, const int64_t* st, float scale, int threads) {
   if (N < 1 || D < 16 || D % 16 != 0 || D > 256 || B < 0 || H < 0) return 2;
-  if (dtype == 0)
-    return run<float>((const float*)q, (const float*)k, (const float*)v, (float*)out, B, H, N, D, st, scale,
-                      threads);
-  return run<uint16_t>((const uint16_t*)q, (const uint16_t*)k, (const uint16_t*)v, (uint16_t*)out, B, H, N, D,
-                       st, scale, threads);
+  const OutQuant oq{out_inv_scale, out_zero_point};
+  if (dtype == 0) return run_to<float>(q, k, v, out, codes != 0, B, H, N, D, st, scale, oq, threads);
+  return run_to<uint16_t>(q, k, v, out, codes != 0, B, H, N, D, st, scale, oq, threads);
 }

@@ -12,7 +12,8 @@ its own kernels) that takes each (image, head) through, in L1/L2:
 3. softmax in fp32, the probabilities over the row's largest stored as uint8 (step 1/255: the largest is 255);
 4. out = p8 v8 with VPDPBUSD, rescaled by the column steps of v and 1 / the row's sum of probabilities, written
    in the inputs' dtype (fp32 or bf16) straight into (B, N, H, D) memory: the `transpose(1, 2).reshape(B, N, H*D)`
-   after attention is then free.
+   after attention is then free. `int8_attention_quantized` writes instead the uint8 codes the output projection's
+   int8 GEMM reads (its input's static scale and zero point), so the graph needs no loop to quantise them.
 
 q, k, v may be strided views (the `permute` of a fused qkv projection: no copy is made); only their last dimension
 must be contiguous. Non-finite inputs give non-finite outputs where they reach (a row of q, a column of k: that
@@ -24,23 +25,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.resources
-import threading
+import math
 from typing import Any
 
 import torch
 
-from . import cpu
+from . import cpp_kernel, cpu
 
-__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_unavailable",
-           "unsupported_inputs"]
+__all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_quantized",
+           "int8_attention_unavailable", "unsupported_inputs"]
 
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni")  # what the kernel's code uses
 # kernel-emulation values (`vitlab.perf.cpu.kernel_emulation`) that hold a process below AVX512-VNNI: torch's own
 # kernels (ATEN_CPU_CAPABILITY) and oneDNN's (ONEDNN_MAX_CPU_ISA, whose ISAs from AVX512_CORE_VNNI up all have it)
 _BELOW_VNNI = {"ATEN_CPU_CAPABILITY": ("default", "avx2"),
                "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core")}
-_lock = threading.Lock()
 
 
 def int8_attention_unavailable() -> str | None:
@@ -62,8 +61,7 @@ def int8_attention_build_error() -> str | None:
     """Why the kernel does not compile here (one line), or None once it has (compiled on first use: ~2 s, then
     cached on disk by Inductor)."""
     try:
-        with _lock:
-            _kernel()
+        _kernel()
     except RuntimeError as e:
         return str(e)
     return None
@@ -72,19 +70,10 @@ def int8_attention_build_error() -> str | None:
 @functools.cache
 def _kernel() -> Any:
     """The compiled kernel (ctypes function); compiled once per source text and machine (Inductor's cache)."""
-    from torch._inductor.codecache import CppCodeCache  # Inductor's builder: the compiler torch.compile uses
-
-    source = importlib.resources.files("vitlab.perf").joinpath("int8_attention.cpp").read_text(encoding="utf-8")
-    try:
-        lib = CppCodeCache.load(source)
-    except Exception as e:  # no compiler, or one without AVX512-VNNI intrinsics
-        raise RuntimeError(f"could not compile vitlab's int8 attention kernel ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}); attention='bf16-math' avoids it") from e
-    fn = lib.vitlab_int8_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_int64] * 4 + [ctypes.c_void_p, ctypes.c_float,
-                                                                                   ctypes.c_int]
-    return fn
+    args = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int] + [ctypes.c_int64] * 4
+            + [ctypes.c_void_p, ctypes.c_float, ctypes.c_int])
+    return cpp_kernel.kernel("int8_attention.cpp", "vitlab_int8_attention", args,
+                             "attention='bf16-math' avoids it")
 
 
 def unsupported_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -112,30 +101,37 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(reason)
 
 
-@torch.library.custom_op("vitlab::int8_attention", mutates_args=())
-def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(scale * q k^T) v in int8 (module docstring): q, k, v (B, heads, N, head_dim), fp32 or bf16, the
-    last dimension contiguous (else copied); returns (B, heads, N, head_dim) in their dtype, laid out as
-    (B, N, heads, head_dim) in memory."""
+def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+         out_quant: tuple[float, int] | None) -> torch.Tensor:
+    """The kernel on q, k, v: the output in their dtype, or uint8 codes for out_quant = (step, zero point)."""
     _check(q, k, v)
     reason = int8_attention_unavailable()
     if reason:
         raise RuntimeError(reason)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     b, h, n, d = q.shape
-    out = torch.empty((b, n, h, d), dtype=q.dtype).permute(0, 2, 1, 3)  # (B, H, N, D) over (B, N, H, D) memory
+    dtype = q.dtype if out_quant is None else torch.uint8
+    out = torch.empty((b, n, h, d), dtype=dtype).permute(0, 2, 1, 3)  # (B, H, N, D) over (B, N, H, D) memory
     if out.numel() == 0:
         return out
+    step, zero_point = out_quant if out_quant is not None else (1.0, 0)
     strides = torch.tensor([s for t in (q, k, v, out) for s in t.stride()[:3]], dtype=torch.int64)
-    with _lock:
-        fn = _kernel()
-    rc = fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), int(q.dtype == torch.bfloat16), b, h, n, d,
-            strides.data_ptr(), float(scale), torch.get_num_threads())
+    rc = _kernel()(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), int(q.dtype == torch.bfloat16),
+                   int(out_quant is not None), float(1.0 / step), int(zero_point), b, h, n, d, strides.data_ptr(),
+                   float(scale), torch.get_num_threads())
     if rc == 1:
         raise MemoryError(f"int8_attention: no memory for its scratch buffers (N={n}, head_dim={d})")
     if rc:
         raise RuntimeError(f"int8_attention's kernel refused shape {(b, h, n, d)} (code {rc})")
     return out
+
+
+@torch.library.custom_op("vitlab::int8_attention", mutates_args=())
+def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(scale * q k^T) v in int8 (module docstring): q, k, v (B, heads, N, head_dim), fp32 or bf16, the
+    last dimension contiguous (else copied); returns (B, heads, N, head_dim) in their dtype, laid out as
+    (B, N, heads, head_dim) in memory."""
+    return _run(q, k, v, scale, None)
 
 
 @int8_attention.register_fake
@@ -144,3 +140,28 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.
     b, h, n, d = q.shape
     return q.new_empty((b, n, h, d)).permute(0, 2, 1, 3)
 
+
+def _check_out_quant(out_scale: float, out_zero_point: int) -> None:
+    if not 0 < out_scale < math.inf or not 0 <= out_zero_point <= 255:
+        raise ValueError(f"int8_attention_quantized writes uint8 codes: needs a positive, finite scale and a zero "
+                         f"point in [0, 255]; got {out_scale}, {out_zero_point}")
+
+
+@torch.library.custom_op("vitlab::int8_attention_quantized", mutates_args=())
+def int8_attention_quantized(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out_scale: float,
+                             out_zero_point: int) -> torch.Tensor:
+    """`int8_attention` with its output quantised for the int8 GEMM after it: `quantize_per_tensor(out, out_scale,
+    out_zero_point, 0, 255, torch.uint8)` of the fp32 result (round half to even, clamped to [0, 255]; NaN gives
+    0), written as uint8 (B, heads, N, head_dim) over (B, N, heads, head_dim) memory. One pass less over the
+    output, and a quarter of the bytes fp32 would write."""
+    _check_out_quant(out_scale, out_zero_point)
+    return _run(q, k, v, scale, (out_scale, out_zero_point))
+
+
+@int8_attention_quantized.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out_scale: float,
+      out_zero_point: int) -> torch.Tensor:
+    _check(q, k, v)
+    _check_out_quant(out_scale, out_zero_point)
+    b, h, n, d = q.shape
+    return q.new_empty((b, n, h, d), dtype=torch.uint8).permute(0, 2, 1, 3)
