@@ -173,31 +173,6 @@ def test_int8_attention_refused_or_replaced_where_it_cannot_run(monkeypatch):
     assert q.meta["attention_dtype"] == "float32" and "attention_kernel" not in q.meta  # fp32 flash, as before
 
 
-def test_layer_norm_fused_with_its_quantise_or_left_to_inductor(monkeypatch):
-    """Each block's two LayerNorms (each feeding an int8 GEMM through a quantise) become vitlab's one-pass kernel;
-    the final one (feeding the head's slice of the class token) is left; fused_norm=False, or a kernel that does
-    not build (a warning says so), leaves them all to Inductor."""
-    from vitlab.deploy import quant
-    from vitlab.perf import norm_quant
-
-    model, calib = _tiny(depth=2), torch.randn(2, 3, 32, 32)
-
-    def norms(q):
-        targets = [n.target for n in q.graph.nodes]
-        return (targets.count(torch.ops.vitlab.layer_norm_quantize.default),
-                targets.count(torch.ops.aten.layer_norm.default))
-
-    if norm_quant.layer_norm_quantize_build_error() is None:
-        q, _ = quant.quantize_static(model, calib)
-        assert norms(q) == (4, 1) and q.meta["norm_kernel"] == "layer_norm_quantize"
-    q, _ = quant.quantize_static(model, calib, fused_norm=False)
-    assert norms(q) == (0, 5) and "norm_kernel" not in q.meta
-    monkeypatch.setattr(norm_quant, "layer_norm_quantize_build_error", lambda: "no compiler (test)")
-    with pytest.warns(RuntimeWarning, match=r"LayerNorm \+ quantise left to Inductor's loop \(no compiler \(test\)\)"):
-        q, _ = quant.quantize_static(model, calib)
-    assert norms(q) == (0, 5)
-
-
 @pytest.mark.slow  # two Inductor compiles
 @pytest.mark.skipif(__import__("vitlab.perf.int8_attention", fromlist=["x"]).int8_attention_unavailable() is not None,
                     reason="int8 attention needs AVX512-VNNI")
@@ -225,9 +200,13 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     # one per block, in place of the float attention, writing the output projection's uint8 input itself
     assert calls.get("vitlab::int8_attention_quantized", 0) == 2, calls
     assert not {"vitlab::int8_attention", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
-    assert calls.get("vitlab::layer_norm_quantize", 0) == 4, calls  # each block's two LayerNorms, with their quantise
-    loops = [k for k in calls if k.startswith("graph_") and "quantize_per_tensor" in k]
-    assert len(loops) <= 2, loops  # the image's (patch embedding's input) and the final norm's: none per block
+    # the graph Inductor compiled: the attention writes the codes, no quantise of its output is left
+    targets = [n.target for n in q.graph.nodes]
+    assert targets.count(torch.ops.vitlab.int8_attention_quantized.default) == 2
+    assert torch.ops.vitlab.int8_attention.default not in targets
+    layout = (torch.ops.aten.reshape.default, torch.ops.aten.transpose.int, torch.ops.aten._to_copy.default)
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    assert not [n for n in q.graph.nodes if n.target is quantize and getattr(n.args[0], "target", None) in layout]
     assert torch.equal(out_py, out)  # the C++ wrapper calls the same kernels
 
 

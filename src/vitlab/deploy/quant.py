@@ -57,7 +57,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..perf import norm_quant
 from ..perf.cpu import amx_kernels, bf16_kernels
 from ..perf.int8_attention import (
     int8_attention,
@@ -77,7 +76,6 @@ _CALIB_BATCH = 16  # images per calibration forward
 ATTENTION_DTYPES = ("auto", "fp32", "bf16", "bf16-math", "int8")  # `quantize_static(attention=...)`
 OUTPUT_DTYPES = ("auto", "fp32", "bf16")  # `quantize_static(outputs=...)`
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
-_LAYER_NORM = torch.ops.aten.layer_norm.default
 
 
 @contextlib.contextmanager
@@ -282,45 +280,6 @@ def int8_attention_quantized_in(graph_module: torch.fx.GraphModule) -> int:
     return changed
 
 
-def layer_norm_quantize_in(graph_module: torch.fx.GraphModule) -> int:
-    """Replace each `quantize_per_tensor(layer_norm(x), scale, zero_point, qmin, qmax, uint8)` of a converted PT2E
-    graph, where the LayerNorm has no other user, by vitlab's one-pass `layer_norm_quantize`
-    (`vitlab.perf.norm_quant`): the codes Inductor's own fused loop computes, one read of each row instead of three
-    passes over the tensor. Only a LayerNorm over the last dimension of an fp32 or bf16 CPU tensor is rewritten
-    (`unsupported_inputs`); any other is left. Returns how many were replaced (in place)."""
-    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default  # registered by torchao's PT2E
-    g = graph_module.graph
-    changed = 0
-    for node in list(g.nodes):
-        if node.op != "call_function" or node.target is not quantize or len(node.args) != 6:
-            continue
-        q_args: tuple[Any, ...] = node.args
-        ln, scale, zero_point, qmin, qmax, dtype = q_args
-        if not (isinstance(ln, torch.fx.Node) and ln.op == "call_function" and ln.target is _LAYER_NORM
-                and len(ln.users) == 1 and dtype == torch.uint8 and not node.kwargs and not ln.kwargs):
-            continue
-        ln_args: tuple[Any, ...] = (*ln.args, None, None, 1e-5)[:5]  # aten.layer_norm's defaults past the given
-        x, shape, weight, bias, eps = ln_args
-        vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in (x, weight, bias)]
-        if not isinstance(vals[0], torch.Tensor) or any(v is not None and not isinstance(v, torch.Tensor)
-                                                        for v in vals[1:]):
-            continue
-        if norm_quant.unsupported_inputs(vals[0], shape, vals[1], vals[2], int(qmin), int(qmax)):
-            continue
-        with g.inserting_before(node):
-            fused = g.call_function(norm_quant.layer_norm_quantize._opoverload,
-                                    (x, list(shape), weight, bias, float(eps), float(scale), int(zero_point),
-                                     int(qmin), int(qmax)))
-        node.replace_all_uses_with(fused)
-        g.erase_node(node)
-        g.erase_node(ln)
-        changed += 1
-    if changed:
-        g.lint()
-        graph_module.recompile()
-    return changed
-
-
 def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:
     """The dtype static int8's linear layers write for `quantize_static(outputs=..., attention=...)`: "fp32", "bf16",
     or "auto": bf16 where attention is written out in bf16, or is int8 on a CPU with native bf16
@@ -338,7 +297,7 @@ def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torc
 
 def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES,
                     attention: str = "auto", outputs: str = "auto", cpp_wrapper: bool = True,
-                    fused_norm: bool = True) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+                    ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
 
     Args:
@@ -358,8 +317,6 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             elsewhere).
         cpp_wrapper: Have Inductor write the graph's wrapper in C++ (faster calls, slower first call per batch
             size); False keeps its Python wrapper.
-        fused_norm: Run each LayerNorm that feeds an int8 GEMM, with the quantise after it, as vitlab's one-pass
-            kernel (`layer_norm_quantize_in`); False leaves both to Inductor's generated loop.
 
     Returns:
         (the quantised graph module, a function images -> fp32 logits that runs it compiled, without autograd).
@@ -412,13 +369,6 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
     if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
         qmodel.meta["attention_kernel"] = "math"
     sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel
-    if fused_norm:
-        reason = norm_quant.layer_norm_quantize_build_error()
-        if reason:
-            warnings.warn(f"static int8: LayerNorm + quantise left to Inductor's loop ({reason})", RuntimeWarning,
-                          stacklevel=2)
-        elif layer_norm_quantize_in(qmodel):
-            qmodel.meta["norm_kernel"] = "layer_norm_quantize"
     qmodel.meta["attention_dtype"] = ran  # what ran, for reports
     qmodel.meta["outputs_dtype"] = str(out_dtype).removeprefix("torch.")
     compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size

@@ -1,7 +1,7 @@
 """vitlab's own C++ kernels (the `*.cpp` files beside this one), compiled on first use by Inductor's C++ builder.
 
-Each file is C ABI, loaded with ctypes and called from a `torch.library.custom_op` (`int8_attention`,
-`norm_quant`). Inductor's builder is the compiler `torch.compile` already needs on the CPU: same flags (`-O3
+Each file is C ABI, loaded with ctypes and called from a `torch.library.custom_op` (`int8_attention`). Inductor's
+builder is the compiler `torch.compile` already needs on the CPU: same flags (`-O3
 -march=native -fopenmp`, no FMA contraction), same on-disk cache (keyed by the source text), so a kernel is built
 once per machine (~1-2 s) and loaded from disk after that.
 """
