@@ -20,7 +20,8 @@ fp32 `bmm`), and torchao's fused int8 SDPA (`torchao.qscaled_dot_product`) has n
 - on CPUs with AVX512-VNNI but no AMX (Zen 4; Cascade / Ice / Cooper Lake), vitlab's own fused int8 attention
   (`vitlab.perf.int8_attention`, `sdpa_int8`): q, k per token and v per channel quantised to int8 on the fly, both
   products with VPDPBUSD, the softmax in fp32 with uint8 probabilities, reading q, k, v straight out of the qkv
-  projection's output and writing (B, N, heads, head_dim) for the output projection: no q/k/v split, no transpose.
+  projection's output and writing (B, N, heads, head_dim) for the output projection, already as its uint8 input
+  codes (`int8_attention_quantized_in`): no q/k/v split, no transpose, no quantise loop after attention.
   ViT-B/16 batch 8 on a 2-core Zen 4: 1.04-1.07x the graph with bf16 attention written out, 1.16x the one with fp32
   attention on the fp32 class (emulated); top-1 agreement with fp32 99.30% / 99.59% against 99.41% / 99.54% on two
   trained models (docs/speed.md, "int8 attention");
