@@ -466,3 +466,43 @@ def test_sdpa_int8_rewrites_only_attention_the_kernel_takes():
         targets = {n.target for n in graph.graph.nodes}
         assert (torch.ops.vitlab.int8_attention.default in targets) == (expected > 0)
         assert (torch.ops.aten.scaled_dot_product_attention.default in targets) == (expected == 0)
+
+
+def test_int8_attention_quantized_in_folds_only_a_private_chain_to_a_static_uint8_quantise():
+    """The fold needs the attention's output to reach a static uint8 [0, 255] quantise through casts and layout ops
+    no one else reads; the folded graph gives the codes the unfolded one gives (where the kernel runs here)."""
+    pytest.importorskip("torchao")
+    import torchao.quantization.pt2e  # noqa: F401  registers torch.ops.quantized_decomposed
+
+    from vitlab.deploy.quant import int8_attention_quantized_in
+    from vitlab.perf.int8_attention import int8_attention_unavailable
+
+    ops, qd = torch.ops, torch.ops.quantized_decomposed
+
+    def attention(q, k, v):
+        a = ops.vitlab.int8_attention.default(q, k, v, 0.125)
+        return ops.aten.reshape.default(ops.aten.transpose.int(ops.aten._to_copy.default(a, dtype=torch.float32),
+                                                               1, 2), [2, 16, 64])
+
+    def folded(q, k, v):
+        return qd.quantize_per_tensor.default(attention(q, k, v), 0.01, 128, 0, 255, torch.uint8)
+
+    def also_read(q, k, v):  # the float output is read too: nothing to fold
+        x = attention(q, k, v)
+        return qd.quantize_per_tensor.default(x, 0.01, 128, 0, 255, torch.uint8), x
+
+    def signed(q, k, v):  # int8 codes: not what the kernel writes
+        return qd.quantize_per_tensor.default(attention(q, k, v), 0.01, 0, -128, 127, torch.int8)
+
+    for fn, expected in ((folded, 1), (also_read, 0), (signed, 0)):
+        gm = torch.fx.symbolic_trace(fn)
+        assert int8_attention_quantized_in(gm) == expected, fn.__name__
+        targets = {n.target for n in gm.graph.nodes}
+        assert (ops.vitlab.int8_attention_quantized.default in targets) == bool(expected)
+    if int8_attention_unavailable() is None:
+        q, k, v = torch.randn(3, 2, 2, 16, 32).unbind(0)
+        gm = torch.fx.symbolic_trace(folded)
+        int8_attention_quantized_in(gm)
+        out, ref = gm(q, k, v), folded(q, k, v)
+        assert out.dtype == torch.uint8 and out.shape == ref.shape == (2, 16, 64)
+        assert (out.int() - ref.int()).abs().max() <= 1

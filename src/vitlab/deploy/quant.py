@@ -265,9 +265,10 @@ def int8_attention_quantized_in(graph_module: torch.fx.GraphModule) -> int:
                 and tuple(cur.args[3:]) == (0, 255, torch.uint8) and len(chain) >= 1):
             continue
         _, scale, zero_point = cur.args[:3]
+        if not (isinstance(scale, float) and isinstance(zero_point, int)):  # static (calibrated) quantisation only
+            continue
         with g.inserting_before(cur):
-            out = g.call_function(int8_attention_quantized._opoverload,
-                                  (*node.args, float(scale), int(zero_point)))  # type: ignore[arg-type]
+            out = g.call_function(int8_attention_quantized._opoverload, (*node.args, scale, zero_point))
             for link in chain:
                 if link.target in _LAYOUT:
                     out = g.call_function(link.target, (out, *link.args[1:]), dict(link.kwargs))
