@@ -189,3 +189,14 @@ def test_kernel_probabilities_round_as_exp_does():
     off = np.abs(out - ref) / step
     assert off.max() < 1.01  # never more than one step
     assert (off > 0.5).mean() < 0.005, (off > 0.5).mean()
+
+
+@needs_kernel
+def test_ops_check_the_cpu_not_the_emulation_settings(monkeypatch):
+    """Kernel-emulation variables steer planning (`int8_attention_unavailable`, what quantize_static reads), not the
+    ops: a direct call runs this CPU's instructions, which it has, and gives the same answer."""
+    q, k, v = _qkv(1, 2, 20, 32)
+    ref = int8_attention(q, k, v, 0.2)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert "ONEDNN_MAX_CPU_ISA=AVX2" in int8_attention_unavailable()
+    assert torch.equal(int8_attention(q, k, v, 0.2), ref)

@@ -42,14 +42,22 @@ _BELOW_VNNI = {"ATEN_CPU_CAPABILITY": ("default", "avx2"),
                "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core")}
 
 
+def _cpu_lacks() -> str | None:
+    """Why this CPU cannot execute the kernel's instructions (one line), or None."""
+    flags = cpu.cpu_flags()
+    missing = [f for f in REQUIRED_FLAGS if f not in flags]
+    return f"int8 attention needs AVX512-VNNI; this CPU lacks {', '.join(missing)}" if missing else None
+
+
 def int8_attention_unavailable() -> str | None:
     """Why `int8_attention` cannot run here (one line), or None when it can: the CPU lacks one of `REQUIRED_FLAGS`,
     or a kernel-emulation variable (`vitlab.perf.cpu.kernel_emulation`) holds this process to a CPU without
-    AVX512-VNNI (e.g. `ONEDNN_MAX_CPU_ISA=AVX2`): the kernel would run what that CPU cannot."""
-    flags = cpu.cpu_flags()
-    missing = [f for f in REQUIRED_FLAGS if f not in flags]
-    if missing:
-        return f"int8 attention needs AVX512-VNNI; this CPU lacks {', '.join(missing)}"
+    AVX512-VNNI (e.g. `ONEDNN_MAX_CPU_ISA=AVX2`): the kernel would run what that CPU cannot. What `quantize_static`
+    plans with; the ops themselves check only the CPU (`_cpu_lacks`: each call's Python runs with cold caches between
+    two GEMMs, where reading the environment cost ~0.2 ms a call)."""
+    lacks = _cpu_lacks()
+    if lacks:
+        return lacks
     held = {k: v for k, v in cpu.kernel_emulation().items() if v.lower() in _BELOW_VNNI.get(k, ())}
     if held:
         return "int8 attention needs AVX512-VNNI kernels; " + " ".join(f"{k}={v}" for k, v in held.items()) + \
@@ -71,7 +79,7 @@ def int8_attention_build_error() -> str | None:
 def _kernel() -> Any:
     """The compiled kernel (ctypes function); compiled once per source text and machine (Inductor's cache)."""
     args = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int] + [ctypes.c_int64] * 4
-            + [ctypes.c_void_p, ctypes.c_float, ctypes.c_int])
+            + [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int])
     return cpp_kernel.kernel("int8_attention.cpp", "vitlab_int8_attention", args,
                              "attention='bf16-math' avoids it")
 
@@ -105,7 +113,7 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
          out_quant: tuple[float, int] | None) -> torch.Tensor:
     """The kernel on q, k, v: the output in their dtype, or uint8 codes for out_quant = (step, zero point)."""
     _check(q, k, v)
-    reason = int8_attention_unavailable()
+    reason = _cpu_lacks()
     if reason:
         raise RuntimeError(reason)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
@@ -115,9 +123,9 @@ def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if out.numel() == 0:
         return out
     step, zero_point = out_quant if out_quant is not None else (1.0, 0)
-    strides = torch.tensor([s for t in (q, k, v, out) for s in t.stride()[:3]], dtype=torch.int64)
+    strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
     rc = _kernel()(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), int(q.dtype == torch.bfloat16),
-                   int(out_quant is not None), float(1.0 / step), int(zero_point), b, h, n, d, strides.data_ptr(),
+                   int(out_quant is not None), float(1.0 / step), int(zero_point), b, h, n, d, strides,
                    float(scale), torch.get_num_threads())
     if rc == 1:
         raise MemoryError(f"int8_attention: no memory for its scratch buffers (N={n}, head_dim={d})")
