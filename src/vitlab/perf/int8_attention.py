@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.resources
 import math
+import threading
 from typing import Any
 
 import torch
 
-from . import cpp_kernel, cpu
+from . import cpu
 
 __all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_quantized",
            "int8_attention_unavailable", "unsupported_inputs"]
@@ -40,6 +42,7 @@ REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni") 
 # kernels (ATEN_CPU_CAPABILITY) and oneDNN's (ONEDNN_MAX_CPU_ISA, whose ISAs from AVX512_CORE_VNNI up all have it)
 _BELOW_VNNI = {"ATEN_CPU_CAPABILITY": ("default", "avx2"),
                "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core")}
+_lock = threading.Lock()  # one compile at a time (a server's threads may all ask for the kernel first)
 
 
 def _cpu_lacks() -> str | None:
@@ -78,10 +81,20 @@ def int8_attention_build_error() -> str | None:
 @functools.cache
 def _kernel() -> Any:
     """The compiled kernel (ctypes function); compiled once per source text and machine (Inductor's cache)."""
-    args = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int] + [ctypes.c_int64] * 4
-            + [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int])
-    return cpp_kernel.kernel("int8_attention.cpp", "vitlab_int8_attention", args,
-                             "attention='bf16-math' avoids it")
+    from torch._inductor.codecache import CppCodeCache  # Inductor's builder: the compiler torch.compile uses
+
+    source = importlib.resources.files("vitlab.perf").joinpath("int8_attention.cpp").read_text(encoding="utf-8")
+    with _lock:
+        try:
+            lib = CppCodeCache.load(source)
+        except Exception as e:  # no compiler, or one without AVX512-VNNI intrinsics
+            raise RuntimeError(f"could not compile vitlab's int8 attention kernel ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}); attention='bf16-math' avoids it") from e
+    fn = lib.vitlab_int8_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+                   + [ctypes.c_int64] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int])
+    return fn
 
 
 def unsupported_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
