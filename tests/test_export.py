@@ -15,6 +15,7 @@ from vitlab.utils.io import default_mode
 from .conftest import perturb_
 
 ort = pytest.importorskip("onnxruntime")
+onnx = pytest.importorskip("onnx")
 
 
 def _tiny(**kw):
@@ -29,9 +30,16 @@ def _ort_logits(path, x):
 
 
 @pytest.mark.slow
-def test_onnx_matches_torch_with_dynamic_batch(tmp_path):
-    model = _tiny()
+@pytest.mark.parametrize("act, approximate", [("gelu", "none"), ("gelu_tanh", "tanh")])
+def test_onnx_matches_torch_with_dynamic_batch(tmp_path, act, approximate):
+    model = _tiny(act=act)
     report = export_onnx(model, tmp_path / "vit.onnx", verify_batches=())
+    # GELU as ONNX's one Gelu op (opset 20), of the model's kind: the form ONNX Runtime runs fastest (DEFAULT_OPSET)
+    graph = onnx.load(tmp_path / "vit.onnx").graph
+    gelus = [n for n in graph.node if n.op_type == "Gelu"]
+    assert len(gelus) == 2 and not [n for n in graph.node if n.op_type == "Erf"]
+    kinds = {next((a.s.decode() for a in n.attribute if a.name == "approximate"), "none") for n in gelus}
+    assert kinds == {approximate}
     assert report.input_shape[0] == "batch"
     assert (tmp_path / "vit.onnx").stat().st_mode & 0o777 == default_mode()  # the usual permissions
     for b in (1, 3):  # the exporter traced batch 2: both sizes exercise the symbolic batch

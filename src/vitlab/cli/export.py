@@ -35,7 +35,7 @@ EXAMPLES = """\
   vitlab export vit_b_16.IMAGENET1K_V1 vit-b16.xml --to openvino --int8 --calib photos/ --verify-data imagefolder:/val
   python -c "import onnxruntime as ort; ort.InferenceSession('vit.onnx').run(None, {'images': x})\""""
 
-DEFAULT_OPSET = 18  # vitlab.deploy.runtimes.DEFAULT_OPSET (tests/test_cli.py checks that they agree)
+DEFAULT_OPSET = 20  # vitlab.deploy.runtimes.DEFAULT_OPSET (tests/test_cli.py checks that they agree)
 TARGETS = ("onnx", "openvino")  # vitlab.deploy.export.TARGETS
 SUFFIXES = {".onnx": "onnx", ".xml": "openvino"}
 

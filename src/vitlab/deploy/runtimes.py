@@ -48,7 +48,10 @@ from .optimized import OptimizedModel
 
 OV_PRECISIONS = {"fp32": "f32", "bf16": "bf16"}  # ours -> OpenVINO's INFERENCE_PRECISION_HINT
 ORT_INT8_METHODS = ("static", "dynamic")
-DEFAULT_OPSET = 18  # the ONNX opset `write_onnx` targets
+# the ONNX opset `write_onnx` targets. From 20 the exporter writes GELU as ONNX's one `Gelu` op; at 18 it wrote
+# Div, Erf, Add, Mul, Mul, a form ONNX Runtime 1.32 does not fuse: its int8 graph of ViT-B/16 ran 1.07x faster at
+# batch 8 from 20 (2026-12-07, Zen 4, docs/speed.md), as fast as the TorchScript exporter's graph
+DEFAULT_OPSET = 20
 # x86 flags of an int8 dot product that accumulates in int32 (VPDPBUSD of AVX512-VNNI or AVX-VNNI; AMX-INT8 tiles)
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 _X86 = ("x86_64", "amd64", "i386", "i686", "x86")
@@ -283,7 +286,8 @@ def ort_int8_format(flags: Collection[str] | None = None, machine: str | None = 
 def write_onnx(model: nn.Module, path: str | Path, img_hw: tuple[int, int], *, opset: int = DEFAULT_OPSET) -> Path:
     """`model` (an fp32 vitlab model on the CPU, with `.cfg`) as an ONNX file at `path`: input `images` (B, C, H, W)
     with B symbolic, output `logits` (B, num_classes), through `torch.onnx.export(..., dynamo=True)` (torch.export +
-    onnxscript). Weights over 2 GB go to an external-data file beside it."""
+    onnxscript), at `opset` (default `DEFAULT_OPSET`: ONNX Runtime >= 1.16 reads it). Weights over 2 GB go to an
+    external-data file beside it."""
     cfg: Any = model.cfg
     example = torch.randn(2, cfg.in_chans, *img_hw)  # (B, C, H, W); B=2 so it is not specialised
     batch = torch.export.Dim("batch", min=1, max=4096)
