@@ -11,7 +11,9 @@ bf16 through the flash kernel / written out, `int8-static-int8attn` with vitlab'
 class); `int8-static-pywrapper` with Inductor's Python wrapper (what
 int8-static ran before its C++ wrapper, 2026-12-07); `openvino-int8` quantises with NNCF's
 `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since 2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults,
-and `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts).
+`ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts), and
+`ort-int8-torchscript` / `ort-int8-dynamic-torchscript` ONNX Runtime's on the graph of torch's TorchScript exporter
+(dynamo=False) instead of `vitlab export`'s.
 
 speed: every mode built on the same weights (ViT-B/16 at 224 px, random-init weights perturbed: timing does not
 depend on the values), calibrated on the same images; then interleaved rounds (each round calls every mode once,
@@ -63,6 +65,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "int8-static-bf16out": {"outputs": "bf16"}, PYWRAPPER: {"cpp_wrapper": False},
     "int8-static-int8attn": {"attention": "int8"}}
 OV_NNCF_DEFAULT = "openvino-int8-nncf-default"  # NNCF with its default model type (what openvino-int8 was)
+# ONNX Runtime int8 of the TorchScript exporter's graph (`ort_torchscript`)
+ORT_TORCHSCRIPT = {"ort-int8-torchscript": "static", "ort-int8-dynamic-torchscript": "dynamic"}
 
 
 def openvino_nncf_default(model: torch.nn.Module, calib: torch.Tensor, example: torch.Tensor) -> torch.nn.Module:
@@ -81,6 +85,32 @@ def openvino_nncf_default(model: torch.nn.Module, calib: torch.Tensor, example: 
     return runtimes.RuntimeModule(runtimes._ov_runner(compiled), "openvino", "int8", chw, keep=compiled)
 
 
+def ort_torchscript(model: torch.nn.Module, method: str, calib: torch.Tensor, example: torch.Tensor
+                    ) -> torch.nn.Module:
+    """ONNX Runtime int8 (`method` "static" or "dynamic", vitlab's quantisation settings) of the graph torch's
+    TorchScript exporter writes (`torch.onnx.export(..., dynamo=False)`, opset 17): the comparison for `ort-int8*`,
+    which run the graph of `vitlab export` (the dynamo exporter), to show ONNX Runtime's speed does not hinge on
+    which exporter wrote its graph."""
+    import io
+    import tempfile
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from vitlab.deploy import runtimes
+
+    chw = (int(example.shape[1]), int(example.shape[2]), int(example.shape[3]))
+    with tempfile.TemporaryDirectory(prefix="vitlab-ts-") as tmp:
+        src, dest = Path(tmp) / "model.onnx", Path(tmp) / "model.int8.onnx"
+        with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
+            torch.onnx.export(copy.deepcopy(model).eval(), (example[:1],), str(src), input_names=["images"],
+                              output_names=["logits"], dynamic_axes={"images": {0: "batch"}}, opset_version=17,
+                              dynamo=False)
+        data = [c.numpy() for c in calib.split(1)] if method == "static" else None
+        runtimes.quantize_onnx(src, dest, data, method)
+        session = runtimes.ort_session(dest)
+    return runtimes.RuntimeModule(lambda x: session.run(["logits"], {"images": x})[0], "onnxruntime", "int8", chw,
+                                  keep=session)
+
+
 def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, example: torch.Tensor
                 ) -> dict[str, torch.nn.Module]:
     out: dict[str, torch.nn.Module] = {}
@@ -91,6 +121,8 @@ def build_modes(model: torch.nn.Module, modes: list[str], calib: torch.Tensor, e
                 out[mode] = quant.quantize_static(copy.deepcopy(model).eval(), calib, **VARIANTS[mode])[1]
             elif mode == OV_NNCF_DEFAULT:
                 out[mode] = openvino_nncf_default(model, calib, example)
+            elif mode in ORT_TORCHSCRIPT:
+                out[mode] = ort_torchscript(model, ORT_TORCHSCRIPT[mode], calib, example)
             else:
                 out[mode] = model.eval() if mode == "fp32" else vitlab.optimize(model, mode, calib=calib,
                                                                                  example=example)
