@@ -172,6 +172,33 @@ def test_bad_inputs_are_named(tmp_path):
     assert (tmp_path / "x.onnx").read_bytes() == b"mine"
 
 
+@pytest.mark.slow
+def test_an_opset_the_exporter_cannot_write_is_refused_not_replaced(tmp_path):
+    """torch.onnx keeps its graph at opset 18 where its version converter cannot reach the opset asked for (e.g. 12):
+    the file would silently say 18. Refused by name, nothing written; an opset it can write is what the file says."""
+    model = _tiny(depth=1)
+    for opset in (12, 0):
+        with pytest.raises(ValueError, match=f"opset {opset}" if opset else "positive integer"):
+            export_onnx(model, tmp_path / f"o{opset}.onnx", opset=opset, verify_batches=())
+        assert not (tmp_path / f"o{opset}.onnx").exists()
+    export_onnx(model, tmp_path / "o17.onnx", opset=17, verify_batches=(1,))
+    assert [o.version for o in onnx.load(tmp_path / "o17.onnx").opset_import if o.domain in ("", "ai.onnx")] == [17]
+
+
+def test_a_graph_onnx_runtime_cannot_load_is_named_and_not_written(tmp_path, monkeypatch):
+    """ONNX Runtime refusing the written graph (as 1.32 refuses opset 26's Attention) is one ValueError naming the
+    runtime and the opset; the staged file is not placed."""
+    from vitlab.deploy import export as export_mod
+
+    def refuse(path, threads=None):
+        raise RuntimeError("[ONNXRuntimeError] : 10 : INVALID_GRAPH : Load model failed\nmore detail")
+
+    monkeypatch.setattr(export_mod, "ort_session", refuse)
+    with pytest.raises(ValueError, match=r"ONNX Runtime .* cannot load the opset-20 graph written \(\[ONNXRuntime"):
+        export_onnx(_tiny(depth=1), tmp_path / "v.onnx")
+    assert not (tmp_path / "v.onnx").exists()
+
+
 # -- int8 and OpenVINO through `vitlab export` -------------------------------------------------------------
 
 

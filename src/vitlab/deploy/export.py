@@ -48,6 +48,7 @@ from .calibration import calibration_batches
 from .runtimes import (
     DEFAULT_OPSET,
     OV_PRECISIONS,
+    _first_line,
     compile_openvino,
     openvino_model,
     ort_int8_format,
@@ -224,7 +225,12 @@ def _onnx(model: nn.Module, path: Path, shape: tuple[str | int, ...], opts: Expo
         return tmp
 
     def runner(tmp: Path) -> Callable[[np.ndarray], np.ndarray]:
-        session = ort_session(tmp)
+        try:
+            session = ort_session(tmp)
+        except Exception as e:  # onnxruntime's own exception types; e.g. an opset newer than it reads
+            ort = require("onnxruntime", "export", "ONNX export")
+            raise ValueError(f"ONNX Runtime {ort.__version__} cannot load the opset-{opts.opset} graph written "
+                             f"({_first_line(e)}); a lower opset (default {DEFAULT_OPSET}) may load") from e
         return lambda x: session.run(["logits"], {"images": x})[0]
 
     notes = [f"int8 format: {fmt}"] if fmt is not None else []

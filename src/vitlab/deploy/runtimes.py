@@ -287,7 +287,13 @@ def write_onnx(model: nn.Module, path: str | Path, img_hw: tuple[int, int], *, o
     """`model` (an fp32 vitlab model on the CPU, with `.cfg`) as an ONNX file at `path`: input `images` (B, C, H, W)
     with B symbolic, output `logits` (B, num_classes), through `torch.onnx.export(..., dynamo=True)` (torch.export +
     onnxscript), at `opset` (default `DEFAULT_OPSET`: ONNX Runtime >= 1.16 reads it). Weights over 2 GB go to an
-    external-data file beside it."""
+    external-data file beside it.
+
+    Raises:
+        ValueError: `opset` is not a positive integer, or the exporter cannot write this model at that opset (where
+            its version converter cannot reach it, torch.onnx keeps the graph at 18: refused, nothing written)."""
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
+        raise ValueError(f"ONNX opset must be a positive integer; got {opset!r}")
     cfg: Any = model.cfg
     example = torch.randn(2, cfg.in_chans, *img_hw)  # (B, C, H, W); B=2 so it is not specialised
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -298,6 +304,11 @@ def write_onnx(model: nn.Module, path: str | Path, img_hw: tuple[int, int], *, o
         )
         if program is None:  # only the legacy (dynamo=False) exporter returns nothing
             raise RuntimeError("torch.onnx.export returned no program")
+        written = program.model.opset_imports.get("")
+        if written != opset:
+            hint = f"at least {written}" if written is not None and written > opset else "one it converts to"
+            raise ValueError(f"torch.onnx cannot write this model at ONNX opset {opset} (its graph came out at opset "
+                             f"{written}); choose {hint} (default {DEFAULT_OPSET})")
         program.save(str(path))
     return Path(path)
 
