@@ -297,7 +297,13 @@ def write_onnx(model: nn.Module, path: str | Path, img_hw: tuple[int, int], *, o
     cfg: Any = model.cfg
     example = torch.randn(2, cfg.in_chans, *img_hw)  # (B, C, H, W); B=2 so it is not specialised
     batch = torch.export.Dim("batch", min=1, max=4096)
-    with contextlib.redirect_stdout(io.StringIO()):  # the exporter narrates each stage on stdout
+    # the exporter narrates each stage on stdout, and where it cannot reach `opset` logs a traceback and keeps its
+    # graph at 18 (refused below, by name)
+    with contextlib.ExitStack() as stack:
+        for lg in map(logging.getLogger, ("onnxscript", "torch.onnx")):
+            stack.callback(lg.setLevel, lg.level)
+            lg.setLevel(logging.CRITICAL + 1)
+        stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
         program = torch.onnx.export(
             model.eval(), (example,), input_names=["images"], output_names=["logits"],
             dynamic_shapes={"x": {0: batch}}, opset_version=opset, dynamo=True, verbose=False,
@@ -306,9 +312,9 @@ def write_onnx(model: nn.Module, path: str | Path, img_hw: tuple[int, int], *, o
             raise RuntimeError("torch.onnx.export returned no program")
         written = program.model.opset_imports.get("")
         if written != opset:
-            hint = f"at least {written}" if written is not None and written > opset else "one it converts to"
+            hint = "a later" if written is not None and written > opset else "an earlier"
             raise ValueError(f"torch.onnx cannot write this model at ONNX opset {opset} (its graph came out at opset "
-                             f"{written}); choose {hint} (default {DEFAULT_OPSET})")
+                             f"{written}); choose {hint} one (default {DEFAULT_OPSET})")
         program.save(str(path))
     return Path(path)
 
