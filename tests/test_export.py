@@ -186,8 +186,8 @@ def test_an_opset_the_exporter_cannot_write_is_refused_not_replaced(tmp_path):
 
 
 def test_a_graph_onnx_runtime_cannot_load_is_named_and_not_written(tmp_path, monkeypatch):
-    """ONNX Runtime refusing the written graph (as 1.32 refuses opset 26's Attention) is one ValueError naming the
-    runtime and the opset; the staged file is not placed."""
+    """ONNX Runtime refusing the written graph (an opset newer than the installed one reads, say) is one ValueError
+    naming the runtime and the opset, not its multi-line report; the staged file is not placed."""
     from vitlab.deploy import export as export_mod
 
     def refuse(path, threads=None):
