@@ -107,7 +107,8 @@ def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, devi
     """vitlab's one timer: seconds per `run(candidate)` call of each candidate, one entry per round.
 
     `warmup` untimed calls of each candidate, then rounds of `iters` timed calls per candidate in turn (A, B, A, B: a
-    machine shared with other work slows all alike). A CUDA device is synchronised around each timed stretch, so a
+    machine shared with other work slows all alike), each round starting one candidate later (A, B, C, then B, C,
+    A, ...). A CUDA device is synchronised around each timed stretch, so a
     call is timed to its end, not its launch. `time_interleaved` (autotune's precision and mode choices),
     `vitlab.bench.timing.time_calls` (one candidate), the benchmark suite and mode "auto" all time with it.
 
@@ -137,9 +138,12 @@ def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, devi
         for _ in range(warmup):
             run(c)
     times: dict[str, list[float]] = {c: [] for c in candidates}
+    order = list(candidates)
 
     def one_round() -> None:
-        for c in candidates:
+        # each round starts one candidate later (A B C, B C A, C A B): none always runs right after the same other
+        # one, whose worker threads may still be spinning (ONNX Runtime's, OpenVINO's) or whose data fills the cache
+        for c in order[len(times[order[0]]) % len(order):] + order[: len(times[order[0]]) % len(order)]:
             sync()
             t0 = now()
             for _ in range(iters):
