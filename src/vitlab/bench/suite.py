@@ -225,7 +225,7 @@ def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
 
 
 def _time_interleaved(calls: dict[str, Callable[[], object]], bc: BenchConfig) -> dict[str, list[float]]:
-    """Warm each call up, then time rounds in turn (a, b, ..., a, b, ...) so load changes hit all alike
+    """Warm each call up, then time rounds in turn (a, b, c, then b, c, a, ...) so load changes hit all alike
     (`vitlab.perf.precision.time_rounds`, the one timer)."""
     return precision.time_rounds(lambda name: calls[name](), list(calls), device=bc.device, warmup=bc.warmup,
                                  rounds=bc.rounds, iters=bc.iters)
