@@ -83,7 +83,22 @@ def test_one_timer_behind_bench_and_auto(monkeypatch):
     bc = types.SimpleNamespace(warmup=0, rounds=2, iters=1, device="cpu")
     assert suite._time_interleaved(calls, bc) == {"a": [1.0, 1.0], "b": [3.0, 3.0]}
     assert precision.time_rounds(run, ["a"], rounds=1, clock=lambda: 7.0) == {"a": [0.0]}  # a caller's own clock
-    for bad in (dict(rounds=0), dict(iters=0), dict(warmup=-1)):
+    # settle_s: idle before each timed stretch, not timed; the bench settles when a runtime peer or a mode is there
+    slept = []
+
+    def sleep(s):  # the idle passes on the clock too: it must not land in a timed stretch
+        slept.append(s)
+        clock["now"] += s
+
+    monkeypatch.setattr(precision.time, "sleep", sleep)
+    assert precision.time_rounds(run, ["a", "b"], warmup=1, rounds=2, settle_s=0.5) == {"a": [1.0] * 2, "b": [3.0] * 2}
+    assert slept == [0.5] * 4  # 2 rounds x 2 candidates, none during the warm-up
+    slept.clear()
+    suite._time_interleaved(calls, bc)
+    assert slept == []  # torch modules only: nothing of theirs spins on
+    suite._time_interleaved({"onnxruntime-int8": calls["a"], "ours[int8-static]": calls["b"]}, bc)
+    assert slept == [suite.SETTLE_S] * 4
+    for bad in (dict(rounds=0), dict(iters=0), dict(warmup=-1), dict(settle_s=-1.0), dict(settle_s=float("nan"))):
         with pytest.raises(ValueError):
             precision.time_rounds(run, ["a"], **bad)
 

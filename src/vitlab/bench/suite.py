@@ -33,6 +33,10 @@ from .timing import loadavg, machine_info, matmul_peak, peak_memory, perturb_
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# idle before each timed call when a candidate runs its own thread pool: ONNX Runtime's intra-op threads spin for
+# ~20-50 ms after a call; timed right after another ONNX Runtime session, its batch-1 call took 1.45x as long
+# (2-core Zen 4, 2026-12-07; 0.05 s of idle was enough there)
+SETTLE_S = 0.3
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -226,9 +230,12 @@ def _matmul_peaks(bc: BenchConfig) -> dict[str, float]:
 
 def _time_interleaved(calls: dict[str, Callable[[], object]], bc: BenchConfig) -> dict[str, list[float]]:
     """Warm each call up, then time rounds in turn (a, b, c, then b, c, a, ...) so load changes hit all alike
-    (`vitlab.perf.precision.time_rounds`, the one timer)."""
+    (`vitlab.perf.precision.time_rounds`, the one timer); with a runtime peer or one of our modes among them (ONNX
+    Runtime, OpenVINO, a mode `auto` may pick: their own thread pools, which spin on after a call) `SETTLE_S` of
+    idle before each timed call."""
+    settle = SETTLE_S if any(name in RUNTIME_PEERS or name.startswith("ours[") for name in calls) else 0.0
     return precision.time_rounds(lambda name: calls[name](), list(calls), device=bc.device, warmup=bc.warmup,
-                                 rounds=bc.rounds, iters=bc.iters)
+                                 rounds=bc.rounds, iters=bc.iters, settle_s=settle)
 
 
 def _inference_candidates(ours: VisionTransformer, bc: BenchConfig, dname: str, skipped: dict[str, str],

@@ -103,12 +103,12 @@ def model_signature(model: nn.Module) -> str:
 
 def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, device: torch.device | str = "cpu",
                 warmup: int = 1, rounds: int | None = None, iters: int = 1, budget_s: float = 4.0,
-                clock: Callable[[], float] | None = None) -> dict[str, list[float]]:
+                clock: Callable[[], float] | None = None, settle_s: float = 0.0) -> dict[str, list[float]]:
     """vitlab's one timer: seconds per `run(candidate)` call of each candidate, one entry per round.
 
     `warmup` untimed calls of each candidate, then rounds of `iters` timed calls per candidate in turn (A, B, A, B: a
     machine shared with other work slows all alike), each round starting one candidate later (A, B, C, then B, C,
-    A, ...). A CUDA device is synchronised around each timed stretch, so a
+    A, ...), with `settle_s` of idle before each. A CUDA device is synchronised around each timed stretch, so a
     call is timed to its end, not its launch. `time_interleaved` (autotune's precision and mode choices),
     `vitlab.bench.timing.time_calls` (one candidate), the benchmark suite and mode "auto" all time with it.
 
@@ -119,12 +119,16 @@ def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, devi
         rounds: Timed rounds; None: as many as fit in about `budget_s` seconds (judged by the first), 2 to 5.
         iters: Calls per candidate per round, averaged (raise it for calls of well under a millisecond).
         clock: Seconds now (default `time.perf_counter`, through this module's `_clock`, which tests replace).
+        settle_s: Idle seconds before each candidate's timed calls, untimed: lets the worker threads the candidate
+            before it left spinning go to sleep (ONNX Runtime's intra-op threads spin for ~20-50 ms after a call
+            and slowed the next session's batch-1 call by 1.45x on a 2-core Zen 4, 2026-12-07).
 
     Raises:
         ValueError: rounds < 1, iters < 1 or warmup < 0.
     """
-    if (rounds is not None and rounds < 1) or iters < 1 or warmup < 0:
-        raise ValueError(f"need rounds >= 1, iters >= 1, warmup >= 0; got {rounds}, {iters}, {warmup}")
+    if (rounds is not None and rounds < 1) or iters < 1 or warmup < 0 or not settle_s >= 0:
+        raise ValueError(f"need rounds >= 1, iters >= 1, warmup >= 0, settle_s >= 0; got {rounds}, {iters}, {warmup}, "
+                         f"{settle_s}")
     import torch
 
     device = torch.device(device)
@@ -141,9 +145,11 @@ def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, devi
     order = list(candidates)
 
     def one_round() -> None:
-        # each round starts one candidate later (A B C, B C A, C A B): none always runs right after the same other
-        # one, whose worker threads may still be spinning (ONNX Runtime's, OpenVINO's) or whose data fills the cache
+        # each round starts one candidate later (A B C, B C A, C A B): none always runs first, right after the
+        # warm-up or another batch size's work
         for c in order[len(times[order[0]]) % len(order):] + order[: len(times[order[0]]) % len(order)]:
+            if settle_s:
+                time.sleep(settle_s)
             sync()
             t0 = now()
             for _ in range(iters):
