@@ -19,7 +19,6 @@ import argparse
 import copy
 import json
 import statistics
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,22 +28,17 @@ import torch.ao.quantization.fx._decomposed  # registers torch.ops.quantized_dec
 
 import vitlab
 from vitlab.bench import machine_info
-from vitlab.bench.timing import loadavg, matmul_peak, perturb_
+from vitlab.bench.timing import loadavg, matmul_peak, perturb_, time_calls
 from vitlab.deploy import quant
 from vitlab.models.flops import count_flops
+from vitlab.perf import precision
 from vitlab.perf.int8_attention import int8_attention_quantized
 from vitlab.utils.io import write_atomic
 
 
 def median_ms(fn: Any, calls: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    """Median ms per call over `calls` timed calls after 5 warm-up calls (vitlab's one timer, `time_calls`)."""
+    return statistics.median(time_calls(fn, warmup=5, rounds=calls)) * 1e3
 
 
 def parts(tokens: int, batch: int, dim: int, hidden: int, heads: int) -> dict[str, float]:
@@ -102,17 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     part = parts(tokens, args.batch, cfg.embed_dim, cfg.mlp_dim, cfg.num_heads)
     ours = quant.quantize_static(copy.deepcopy(model).eval(), calib)[1]
     ort = vitlab.optimize(model, "ort-int8-dynamic", calib=calib, example=x)
-    whole: dict[str, list[float]] = {"ours": [], "ort-int8-dynamic": []}
     fns: dict[str, Any] = {"ours": ours, "ort-int8-dynamic": ort}
-    with torch.no_grad():
-        for f in fns.values():
-            f(x), f(x)
-        for r in range(args.rounds):
-            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                time.sleep(args.pause)
-                t = time.perf_counter()
-                fns[name](x)
-                whole[name].append((time.perf_counter() - t) * 1e3)
+    with torch.no_grad():  # interleaved rounds, --pause of idle before each call (ONNX Runtime's threads spin on)
+        secs = precision.time_rounds(lambda name: fns[name](x), list(fns), warmup=2, rounds=args.rounds,
+                                     settle_s=args.pause)
+    whole = {k: [t * 1e3 for t in v] for k, v in secs.items()}
     blocks = cfg.depth
     gemms = sum(part[n] for n in ("qkv", "proj", "fc1", "fc2"))
     raw = sum(part[n + " (_int_mm)"] for n in ("qkv", "proj", "fc1", "fc2"))

@@ -147,7 +147,8 @@ def time_rounds(run: Callable[[str], object], candidates: Sequence[str], *, devi
     def one_round() -> None:
         # each round starts one candidate later (A B C, B C A, C A B): none always runs first, right after the
         # warm-up or another batch size's work
-        for c in order[len(times[order[0]]) % len(order):] + order[: len(times[order[0]]) % len(order)]:
+        k = len(times[order[0]]) % len(order)  # the rounds done so far
+        for c in order[k:] + order[:k]:
             if settle_s:
                 time.sleep(settle_s)
             sync()
