@@ -1,6 +1,7 @@
 """Static int8 (vitlab.deploy.quant, mode "int8-static") and mode "auto" (vitlab.deploy.autoselect)."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -186,6 +187,15 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     q, run = quantize_static(model, calib, attention="int8")
     assert (q.meta["attention_dtype"], q.meta["attention_kernel"]) == ("int8", "int8")
     out = run(x)
+    # the compiled C++ wrapper reaches vitlab's kernels (attention, LayerNorm + quantise) without Python
+    ours = ("int8_attention.py", "layernorm_quant.py", "native.py")
+    seen: set[str] = set()
+    sys.setprofile(lambda frame, event, arg: seen.add(frame.f_code.co_filename) if event == "call" else None)
+    try:
+        assert torch.equal(run(x), out)
+    finally:
+        sys.setprofile(None)
+    assert not [f for f in seen if f.endswith(ours)], seen
     _, run_mathattn = quantize_static(model, calib, attention="bf16-math" if q.meta["outputs_dtype"] == "bfloat16"
                                       else "fp32", outputs=q.meta["outputs_dtype"].replace("bfloat16", "bf16")
                                       .replace("float32", "fp32"), cpp_wrapper=False)
@@ -199,6 +209,10 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     calls = {e.key: e.count for e in prof.key_averages()}
     # one per block, in place of the float attention, writing the output projection's uint8 input itself
     assert calls.get("vitlab::int8_attention_quantized", 0) == 2, calls
+    # each block's two LayerNorm + quantise pairs (before qkv, before fc1) as one call each; the last one (before the
+    # head, read for the class token only) left to Inductor
+    assert calls.get("vitlab::layer_norm_quantized", 0) == 4, calls
+    assert q.meta["layernorm_kernel"] == "layer_norm_quantized"
     assert not {"vitlab::int8_attention", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
     # the graph Inductor compiled: the attention writes the codes, no quantise of its output is left
     targets = [n.target for n in q.graph.nodes]

@@ -60,17 +60,20 @@ from torch import nn
 
 from ..perf.cpu import amx_kernels, bf16_kernels
 from ..perf.int8_attention import (
-    int8_attention,
+    INT8_ATTENTION,
+    INT8_ATTENTION_QUANTIZED,
     int8_attention_build_error,
-    int8_attention_quantized,
     int8_attention_unavailable,
     unsupported_inputs,
 )
+from ..perf.layernorm_quant import LAYER_NORM_QUANTIZED, layer_norm_quantized_unavailable
+from ..perf.layernorm_quant import unsupported_inputs as layer_norm_unsupported
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
 __all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "OUTPUT_DTYPES", "attention_plan", "calibration_tensor",
-           "input_chw", "linear_outputs_dtype", "quantize_static", "sdpa_in", "sdpa_int8", "sdpa_math"]
+           "input_chw", "layer_norm_quantized_in", "linear_outputs_dtype", "quantize_static", "sdpa_in", "sdpa_int8",
+           "sdpa_math"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
@@ -231,7 +234,7 @@ def sdpa_int8(graph_module: torch.fx.GraphModule) -> int:
               out_dtype: torch.dtype) -> Any:
         if unsupported_inputs(*vals):  # the kernel's own rule, on the graph's example values
             return None
-        attn = g.call_function(int8_attention._opoverload, (q, k, v, scale))
+        attn = g.call_function(INT8_ATTENTION, (q, k, v, scale))
         return g.call_function(torch.ops.aten._to_copy.default, (attn,), {"dtype": out_dtype})
 
     return _rewrite_sdpa(graph_module, build)
@@ -251,7 +254,7 @@ def int8_attention_quantized_in(graph_module: torch.fx.GraphModule) -> int:
     g = graph_module.graph
     changed = 0
     for node in list(g.nodes):
-        if node.op != "call_function" or node.target is not int8_attention._opoverload:
+        if node.op != "call_function" or node.target is not INT8_ATTENTION:
             continue
         chain, cur = [], node
         while len(cur.users) == 1:
@@ -268,13 +271,49 @@ def int8_attention_quantized_in(graph_module: torch.fx.GraphModule) -> int:
         if not (isinstance(scale, float) and isinstance(zero_point, int)):  # static (calibrated) quantisation only
             continue
         with g.inserting_before(cur):
-            out = g.call_function(int8_attention_quantized._opoverload, (*node.args, scale, zero_point))
+            out = g.call_function(INT8_ATTENTION_QUANTIZED, (*node.args, scale, zero_point))
             for link in chain:
                 if link.target in _LAYOUT:
                     out = g.call_function(link.target, (out, *link.args[1:]), dict(link.kwargs))
         cur.replace_all_uses_with(out)
         for dead in [cur, *reversed(chain), node]:
             g.erase_node(dead)
+        changed += 1
+    if changed:
+        g.lint()
+        graph_module.recompile()
+    return changed
+
+
+def layer_norm_quantized_in(graph_module: torch.fx.GraphModule) -> int:
+    """Fuse each LayerNorm whose only reader is a static uint8 [0, 255] `quantize_per_tensor` (the input of an int8
+    linear layer: before qkv and before fc1 in every block) into one `vitlab::layer_norm_quantized` call
+    (`vitlab.perf.layernorm_quant`): one pass over each row where Inductor's loop makes three. Only LayerNorms over
+    the last dimension with fp32 weight and bias, on fp32 or bf16 inputs, are fused; any other is left as it is.
+    Returns how many were fused (in place)."""
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default  # registered by torchao's PT2E
+    g = graph_module.graph
+    changed = 0
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.layer_norm.default or len(node.users) != 1:
+            continue
+        given = tuple(node.args[:5])
+        x, shape, weight, bias, eps = given + (None, None, None, None, 1e-5)[len(given):]  # aten's defaults
+        weight, bias, eps = (node.kwargs.get(k, v) for k, v in (("weight", weight), ("bias", bias), ("eps", eps)))
+        q = next(iter(node.users))
+        if not (q.target is quantize and len(q.args) == 6 and not q.kwargs and q.args[0] is node
+                and tuple(q.args[3:]) == (0, 255, torch.uint8)
+                and isinstance(q.args[1], float) and isinstance(q.args[2], int) and isinstance(eps, float)):
+            continue
+        xv, wv, bv = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (x, weight, bias))
+        if not (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor) and isinstance(bv, torch.Tensor)) \
+                or layer_norm_unsupported(xv, wv, bv) or list(shape) != [xv.shape[-1]]:
+            continue
+        with g.inserting_before(q):
+            fused = g.call_function(LAYER_NORM_QUANTIZED, (x, weight, bias, eps, q.args[1], q.args[2]))
+        q.replace_all_uses_with(fused)
+        g.erase_node(q)
+        g.erase_node(node)
         changed += 1
     if changed:
         g.lint()
@@ -368,6 +407,9 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             qmodel.meta["attention_kernel"] = "int8"
             ran = "int8"
             int8_attention_quantized_in(qmodel)
+        # the LayerNorm + quantise before qkv and fc1 in one pass: measured on the class the int8 kernel is for
+        if layer_norm_quantized_unavailable() is None and layer_norm_quantized_in(qmodel):
+            qmodel.meta["layernorm_kernel"] = "layer_norm_quantized"
     if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
         qmodel.meta["attention_kernel"] = "math"
     sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel

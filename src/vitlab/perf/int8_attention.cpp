@@ -1,7 +1,8 @@
 // Fused int8 attention for x86 CPUs with AVX512-VNNI: out = softmax(scale * q k^T) v, one (image, head) at a time.
 //
-// Compiled at run time by Inductor's C++ builder (vitlab/perf/int8_attention.py loads it); C ABI, called through
-// ctypes. Per (image, head), in L1/L2:
+// Compiled at run time by Inductor's C++ builder with torch's headers (vitlab/perf/native.py loads it) and registered
+// as the CPU kernels of vitlab::int8_attention and vitlab::int8_attention_quantized through torch's stable C ABI
+// (the ops' schemas are defined in int8_attention.py). Per (image, head), in L1/L2:
 //   1. q, k quantised to int8 per row (token), v per column (head channel): symmetric, step max|x| / 127, round half
 //      to even. q is shifted to uint8 (+128) for VPDPBUSD (u8 x s8 -> s32); -128 * sum_d k8[j, d] takes it back out.
 //   2. Per row of q: scores q8 . k8 in int32 (VPDPBUSD), rescaled to fp32 by the steps of q and k, the softmax scale
@@ -10,6 +11,9 @@
 // Non-finite inputs give non-finite outputs where they reach: a row or column with one gets a non-finite step.
 #include <immintrin.h>
 #include <omp.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
 
 #include <cmath>
 #include <cstdint>
@@ -407,11 +411,74 @@ int run_to(const void* q, const void* k, const void* v, void* out, bool codes, i
 // dtype 0: fp32, 1: bf16 (q, k, v; and out unless codes). codes 1: out is uint8, quantised per tensor with step
 // 1 / out_inv_scale and out_zero_point. Returns 0, or 1 when scratch memory could not be allocated, 2 for bad
 // sizes.
-extern "C" int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int codes,
-                                     float out_inv_scale, int out_zero_point, int64_t B, int64_t H, int64_t N,
-                                     int64_t D, const int64_t* st, float scale, int threads) {
+int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int codes,
+                          float out_inv_scale, int out_zero_point, int64_t B, int64_t H, int64_t N, int64_t D,
+                          const int64_t* st, float scale, int threads) {
   if (N < 1 || D < 16 || D % 16 != 0 || D > 256 || B < 0 || H < 0) return 2;
   const OutQuant oq{out_inv_scale, out_zero_point};
   if (dtype == 0) return run_to<float>(q, k, v, out, codes != 0, B, H, N, D, st, scale, oq, threads);
   return run_to<uint16_t>(q, k, v, out, codes != 0, B, H, N, D, st, scale, oq, threads);
+}
+
+// ---- the torch ops (the Python entry points in int8_attention.py check the same, with ValueErrors) ----
+namespace {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+bool cpu_runs_kernel() {  // the instructions the kernel is compiled for (VITLAB_TARGET)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
+}
+
+Tensor attention(Tensor q, Tensor k, Tensor v, double scale, bool codes, double out_scale, int64_t zero_point) {
+  STD_TORCH_CHECK(cpu_runs_kernel(), "int8 attention needs AVX512-VNNI; this CPU lacks it");
+  STD_TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                  "int8_attention takes (B, heads, N, head_dim) q, k, v");
+  for (int64_t i = 0; i < 4; ++i)
+    STD_TORCH_CHECK(q.size(i) == k.size(i) && q.size(i) == v.size(i), "int8_attention needs q, k, v of one shape");
+  const ScalarType dt = q.scalar_type();
+  STD_TORCH_CHECK((dt == ScalarType::Float || dt == ScalarType::BFloat16) && k.scalar_type() == dt &&
+                      v.scalar_type() == dt,
+                  "int8_attention takes fp32 or bf16 q, k, v of one dtype");
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), D = q.size(3);
+  STD_TORCH_CHECK(D % 16 == 0 && D >= 16 && D <= 256,
+                  "int8_attention needs a head dimension that is a multiple of 16 in [16, 256]; got ", D);
+  STD_TORCH_CHECK(!codes || (out_scale > 0.0 && out_scale < INFINITY && zero_point >= 0 && zero_point <= 255),
+                  "int8_attention_quantized writes uint8 codes: needs a positive, finite scale and a zero point "
+                  "in [0, 255]");
+  if (q.stride(3) != 1) q = torch::stable::contiguous(q);
+  if (k.stride(3) != 1) k = torch::stable::contiguous(k);
+  if (v.stride(3) != 1) v = torch::stable::contiguous(v);
+  // (B, H, N, D) over (B, N, H, D) memory: the transpose(1, 2).reshape(B, N, H * D) after attention is free
+  Tensor out = torch::stable::transpose(
+      torch::stable::new_empty(q, {B, N, H, D}, codes ? ScalarType::Byte : dt), 1, 2);
+  if (B * H * N == 0) return out;
+  int64_t st[12];
+  const Tensor* ts[4] = {&q, &k, &v, &out};
+  for (int t = 0; t < 4; ++t)
+    for (int i = 0; i < 3; ++i) st[3 * t + i] = ts[t]->stride(i);
+  const int rc = vitlab_int8_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                       dt == ScalarType::BFloat16, codes, float(1.0 / out_scale), int(zero_point),
+                                       B, H, N, D, st, float(scale), int(torch::stable::get_num_threads()));
+  STD_TORCH_CHECK(rc != 1, "int8_attention: no memory for its scratch buffers (N=", N, ", head_dim=", D, ")");
+  STD_TORCH_CHECK(rc == 0, "int8_attention's kernel refused shape (", B, ", ", H, ", ", N, ", ", D, ")");
+  return out;
+}
+
+Tensor int8_attention(Tensor q, Tensor k, Tensor v, double scale) {
+  return attention(q, k, v, scale, false, 1.0, 0);
+}
+
+Tensor int8_attention_quantized(Tensor q, Tensor k, Tensor v, double scale, double out_scale, int64_t zero_point) {
+  return attention(q, k, v, scale, true, out_scale, zero_point);
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY_IMPL(vitlab, CPU, m) {
+  m.impl("int8_attention", TORCH_BOX(&int8_attention));
+  m.impl("int8_attention_quantized", TORCH_BOX(&int8_attention_quantized));
 }

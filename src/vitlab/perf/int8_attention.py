@@ -3,8 +3,8 @@
 Static int8 (`vitlab.deploy.quant`) runs every linear layer in int8, but attention's two batched GEMMs have no int8
 kernel in torch (Inductor lowers a quantised `matmul` to dequantise + fp32 `bmm`; `torch._int_mm` is 2-D only, and
 one call per head is no faster than oneDNN's bf16 `bmm`). This op is one: a C++ kernel (int8_attention.cpp beside
-this file, compiled on first use by Inductor's C++ builder, `-O3 -march=native`, cached on disk as Inductor caches
-its own kernels) that takes each (image, head) through, in L1/L2:
+this file, compiled on first use by Inductor's C++ builder, cached on disk as Inductor caches its own kernels, and
+registered with torch as the op's CPU kernel: `vitlab.perf.native`) that takes each (image, head) through, in L1/L2:
 
 1. q and k quantised to int8 per row (per token), v per column (per head channel), symmetric, round half to even;
 2. S = q8 k8^T with VPDPBUSD (u8 x s8 -> s32; q shifted to uint8, the shift taken back out exactly), rescaled to
@@ -23,16 +23,11 @@ bf16 attention's ~0.2-0.5%; what matters, top-1 agreement of a trained model wit
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import importlib.resources
 import math
-import threading
-from typing import Any
 
 import torch
 
-from . import cpu
+from . import cpu, native
 
 __all__ = ["REQUIRED_FLAGS", "int8_attention", "int8_attention_build_error", "int8_attention_quantized",
            "int8_attention_unavailable", "unsupported_inputs"]
@@ -42,7 +37,7 @@ REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni") 
 # kernels (ATEN_CPU_CAPABILITY) and oneDNN's (ONEDNN_MAX_CPU_ISA, whose ISAs from AVX512_CORE_VNNI up all have it)
 _BELOW_VNNI = {"ATEN_CPU_CAPABILITY": ("default", "avx2"),
                "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2", "avx2_vnni", "avx2_vnni_2", "avx512_core")}
-_lock = threading.Lock()  # one compile at a time (a server's threads may all ask for the kernel first)
+_SOURCE = "int8_attention.cpp"  # the kernel, and its registration as the CPU kernels of the ops below
 
 
 def _cpu_lacks() -> str | None:
@@ -56,8 +51,7 @@ def int8_attention_unavailable() -> str | None:
     """Why `int8_attention` cannot run here (one line), or None when it can: the CPU lacks one of `REQUIRED_FLAGS`,
     or a kernel-emulation variable (`vitlab.perf.cpu.kernel_emulation`) holds this process to a CPU without
     AVX512-VNNI (e.g. `ONEDNN_MAX_CPU_ISA=AVX2`): the kernel would run what that CPU cannot. What `quantize_static`
-    plans with; the ops themselves check only the CPU (`_cpu_lacks`: each call's Python runs with cold caches between
-    two GEMMs, where reading the environment cost ~0.2 ms a call)."""
+    plans with; the ops themselves check only the CPU (`_cpu_lacks` in Python, cpuid in the C++ kernel)."""
     lacks = _cpu_lacks()
     if lacks:
         return lacks
@@ -69,32 +63,13 @@ def int8_attention_unavailable() -> str | None:
 
 
 def int8_attention_build_error() -> str | None:
-    """Why the kernel does not compile here (one line), or None once it has (compiled on first use: ~2 s, then
-    cached on disk by Inductor)."""
+    """Why the kernel does not compile here (one line), or None once it has (compiled on first use: ~10 s, then
+    cached on disk by Inductor; `vitlab.perf.native`)."""
     try:
-        _kernel()
+        native.load(_SOURCE)
     except RuntimeError as e:
-        return str(e)
+        return f"{e}; attention='bf16-math' avoids it"
     return None
-
-
-@functools.cache
-def _kernel() -> Any:
-    """The compiled kernel (ctypes function); compiled once per source text and machine (Inductor's cache)."""
-    from torch._inductor.codecache import CppCodeCache  # Inductor's builder: the compiler torch.compile uses
-
-    source = importlib.resources.files("vitlab.perf").joinpath("int8_attention.cpp").read_text(encoding="utf-8")
-    with _lock:
-        try:
-            lib = CppCodeCache.load(source)
-        except Exception as e:  # no compiler, or one without AVX512-VNNI intrinsics
-            raise RuntimeError(f"could not compile vitlab's int8 attention kernel ({type(e).__name__}: "
-                               f"{str(e).splitlines()[0] if str(e) else ''}); attention='bf16-math' avoids it") from e
-    fn = lib.vitlab_int8_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-                   + [ctypes.c_int64] * 4 + [ctypes.POINTER(ctypes.c_int64), ctypes.c_float, ctypes.c_int])
-    return fn
 
 
 def unsupported_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -122,40 +97,40 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(reason)
 
 
-def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-         out_quant: tuple[float, int] | None) -> torch.Tensor:
-    """The kernel on q, k, v: the output in their dtype, or uint8 codes for out_quant = (step, zero point)."""
-    _check(q, k, v)
+# The ops: their C++ kernels (int8_attention.cpp, registered for the CPU when `native.load` loads it) are what a
+# compiled graph calls, with no Python on the way; the functions below are the Python entry points, which check
+# their inputs first (ValueErrors naming the problem; the C++ kernel checks the same, as RuntimeErrors).
+_lib = torch.library.Library("vitlab", "FRAGMENT")
+_lib.define("int8_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor")
+_lib.define("int8_attention_quantized(Tensor q, Tensor k, Tensor v, float scale, float out_scale, "
+            "int out_zero_point) -> Tensor")
+INT8_ATTENTION = torch.ops.vitlab.int8_attention.default
+INT8_ATTENTION_QUANTIZED = torch.ops.vitlab.int8_attention_quantized.default
+for _op in (INT8_ATTENTION, INT8_ATTENTION_QUANTIZED):  # until the library is loaded: load it, call again
+    _lib.impl(_op._schema.name.split("::")[1], native.cpu_fallback(_SOURCE, _op), "CompositeExplicitAutograd")
+
+
+def _check_cpu() -> None:
     reason = _cpu_lacks()
     if reason:
         raise RuntimeError(reason)
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    b, h, n, d = q.shape
-    dtype = q.dtype if out_quant is None else torch.uint8
-    out = torch.empty((b, n, h, d), dtype=dtype).permute(0, 2, 1, 3)  # (B, H, N, D) over (B, N, H, D) memory
-    if out.numel() == 0:
-        return out
-    step, zero_point = out_quant if out_quant is not None else (1.0, 0)
-    strides = (ctypes.c_int64 * 12)(*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
-    rc = _kernel()(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), int(q.dtype == torch.bfloat16),
-                   int(out_quant is not None), float(1.0 / step), int(zero_point), b, h, n, d, strides,
-                   float(scale), torch.get_num_threads())
-    if rc == 1:
-        raise MemoryError(f"int8_attention: no memory for its scratch buffers (N={n}, head_dim={d})")
-    if rc:
-        raise RuntimeError(f"int8_attention's kernel refused shape {(b, h, n, d)} (code {rc})")
-    return out
 
 
-@torch.library.custom_op("vitlab::int8_attention", mutates_args=())
 def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(scale * q k^T) v in int8 (module docstring): q, k, v (B, heads, N, head_dim), fp32 or bf16, the
     last dimension contiguous (else copied); returns (B, heads, N, head_dim) in their dtype, laid out as
-    (B, N, heads, head_dim) in memory."""
-    return _run(q, k, v, scale, None)
+    (B, N, heads, head_dim) in memory. The op `torch.ops.vitlab.int8_attention`.
+
+    Raises:
+        ValueError: inputs it does not take (`unsupported_inputs`). RuntimeError: a CPU without AVX512-VNNI, or a
+            kernel that does not build here.
+    """
+    _check(q, k, v)
+    _check_cpu()
+    return INT8_ATTENTION(q, k, v, scale)  # type: ignore[no-any-return]
 
 
-@int8_attention.register_fake
+@torch.library.register_fake("vitlab::int8_attention")
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     _check(q, k, v)
     b, h, n, d = q.shape
@@ -168,18 +143,19 @@ def _check_out_quant(out_scale: float, out_zero_point: int) -> None:
                          f"point in [0, 255]; got {out_scale}, {out_zero_point}")
 
 
-@torch.library.custom_op("vitlab::int8_attention_quantized", mutates_args=())
 def int8_attention_quantized(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out_scale: float,
                              out_zero_point: int) -> torch.Tensor:
     """`int8_attention` with its output quantised for the int8 GEMM after it: `quantize_per_tensor(out, out_scale,
     out_zero_point, 0, 255, torch.uint8)` of the fp32 result (round half to even, clamped to [0, 255]; NaN gives
     0), written as uint8 (B, heads, N, head_dim) over (B, N, heads, head_dim) memory. One pass less over the
-    output, and a quarter of the bytes fp32 would write."""
+    output, and a quarter of the bytes fp32 would write. The op `torch.ops.vitlab.int8_attention_quantized`."""
     _check_out_quant(out_scale, out_zero_point)
-    return _run(q, k, v, scale, (out_scale, out_zero_point))
+    _check(q, k, v)
+    _check_cpu()
+    return INT8_ATTENTION_QUANTIZED(q, k, v, scale, out_scale, out_zero_point)  # type: ignore[no-any-return]
 
 
-@int8_attention_quantized.register_fake
+@torch.library.register_fake("vitlab::int8_attention_quantized")
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, out_scale: float,
       out_zero_point: int) -> torch.Tensor:
     _check(q, k, v)
