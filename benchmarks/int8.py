@@ -8,7 +8,8 @@ attention went bf16 on hosts with native bf16), `int8-static-bf16flash` / `int8-
 bf16 through the flash kernel / written out, `int8-static-int8attn` with vitlab's fused int8 attention
 (`quant.attention_plan` picks one per host class), to see what each buys in the same rounds; `int8-static-fp32out` /
 `int8-static-bf16out` with the linear layers writing fp32 / bf16 (`quant.linear_outputs_dtype` picks per host
-class); `int8-static-pywrapper` with Inductor's Python wrapper (what
+class); `int8-static-inductorln` with Inductor's loop for LayerNorm + quantise (what int8-static ran before
+`vitlab::layer_norm_quantized`, 2026-12-07); `int8-static-pywrapper` with Inductor's Python wrapper (what
 int8-static ran before its C++ wrapper, 2026-12-07); `openvino-int8` quantises with NNCF's
 `model_type=TRANSFORMER` (vitlab's OpenVINO int8 since 2026-12-06), `openvino-int8-nncf-default` with NNCF's defaults,
 `ort-int8-dynamic` ONNX Runtime's dynamic int8 (the peers at their best settings on some hosts), and
@@ -63,7 +64,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     FP32_ATTENTION: {"attention": "fp32"}, "int8-static-bf16flash": {"attention": "bf16"},
     "int8-static-bf16math": {"attention": "bf16-math"}, "int8-static-fp32out": {"outputs": "fp32"},
     "int8-static-bf16out": {"outputs": "bf16"}, PYWRAPPER: {"cpp_wrapper": False},
-    "int8-static-int8attn": {"attention": "int8"}}
+    "int8-static-int8attn": {"attention": "int8"}, "int8-static-inductorln": {"layernorm": "inductor"}}
 OV_NNCF_DEFAULT = "openvino-int8-nncf-default"  # NNCF with its default model type (what openvino-int8 was)
 # ONNX Runtime int8 of the TorchScript exporter's graph (`ort_torchscript`)
 ORT_TORCHSCRIPT = {"ort-int8-torchscript": "static", "ort-int8-dynamic-torchscript": "dynamic"}

@@ -7,9 +7,10 @@ Parts, as the compiled graph runs them (`vitlab.deploy.quant`): the four int8 GE
 `onednn::qlinear_pointwise` with the epilogue each has in the graph (qkv writing bf16, proj and fc2 adding the residual
 in fp32, fc1 with the erf GELU writing uint8 codes), the same GEMMs without epilogue (`torch._int_mm`, s8 x s8 -> s32),
 the fused int8 attention (`vitlab::int8_attention_quantized` on a strided view of a qkv row, as the graph calls it),
-and the two LayerNorm + quantise loops as Inductor compiles them. x 12 blocks, + the patch embedding and head, gives
-the forward's time if every op ran in the graph as fast as alone; the whole forward loses to that what the graph's
-ops pay for reading what the one before them wrote (on another core, or out of cache). Also the int8 matmul peak
+and the two LayerNorm + quantise passes (`vitlab::layer_norm_quantized`; Inductor's loop for the same beside it).
+x 12 blocks, + the patch embedding and head, gives the forward's time if every op ran in the graph as fast as alone;
+the whole forward loses to that what the graph's ops pay for reading what the one before them wrote (on another
+core, or out of cache). Also the int8 matmul peak
 (`vitlab.bench.timing.matmul_peak`). Whole forwards: interleaved rounds, medians; parts: medians of 30 calls.
 """
 
@@ -33,6 +34,7 @@ from vitlab.deploy import quant
 from vitlab.models.flops import count_flops
 from vitlab.perf import precision
 from vitlab.perf.int8_attention import int8_attention_quantized
+from vitlab.perf.layernorm_quant import LAYER_NORM_QUANTIZED
 from vitlab.utils.io import write_atomic
 
 
@@ -65,10 +67,12 @@ def parts(tokens: int, batch: int, dim: int, hidden: int, heads: int) -> dict[st
     q, kk, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, D) views of the qkv rows
     out["attention"] = median_ms(lambda: int8_attention_quantized(q, kk, v, d**-0.5, 0.05, 128))
     ln = torch.nn.LayerNorm(dim, eps=1e-6)
-    qpt = torch.ops.quantized_decomposed.quantize_per_tensor.default  # the graph's quantise
-    loop = torch.compile(lambda x: qpt(ln(x), 0.05, 128, 0, 255, torch.uint8), dynamic=False)
-    with torch.no_grad():
-        out["layernorm + quantise"] = median_ms(lambda: loop(resid))
+    with torch.no_grad():  # as the graph runs it on this class (`layer_norm_quantized_in`), and as Inductor would
+        out["layernorm + quantise"] = median_ms(
+            lambda: LAYER_NORM_QUANTIZED(resid, ln.weight, ln.bias, 1e-6, 0.05, 128))
+        qpt = torch.ops.quantized_decomposed.quantize_per_tensor.default  # the graph's quantise
+        loop = torch.compile(lambda x: qpt(ln(x), 0.05, 128, 0, 255, torch.uint8), dynamic=False)
+        out["layernorm + quantise (Inductor's loop)"] = median_ms(lambda: loop(resid))
     return out
 
 

@@ -174,6 +174,24 @@ def test_int8_attention_refused_or_replaced_where_it_cannot_run(monkeypatch):
     assert q.meta["attention_dtype"] == "float32" and "attention_kernel" not in q.meta  # fp32 flash, as before
 
 
+def test_layernorm_choice_is_checked_before_calibrating(monkeypatch):
+    """layernorm= takes "auto", "fused" or "inductor"; "fused" on a CPU without AVX-512 is refused by name before
+    any calibration; "inductor" (or "auto" where the int8 attention does not run) leaves LayerNorm to Inductor."""
+    from vitlab.deploy import quant
+    from vitlab.perf import cpu
+
+    model = _tiny(depth=1)
+    with pytest.raises(ValueError, match=r"layernorm must be one of \('auto', 'fused', 'inductor'\), got 'fast'"):
+        quant.quantize_static(model, torch.randn(2, 3, 32, 32), layernorm="fast")
+    monkeypatch.setattr(quant, "layer_norm_quantized_in", lambda gm: pytest.fail("calibrated and rewrote"))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "fma"}))
+    with pytest.raises(RuntimeError, match="layernorm='fused': layer_norm_quantized needs AVX-512; this CPU lacks"):
+        quant.quantize_static(model, torch.randn(2, 3, 32, 32), layernorm="fused")
+    q, _ = quant.quantize_static(model, torch.randn(2, 3, 32, 32))  # "auto" without the int8 attention: untouched
+    assert "layernorm_kernel" not in q.meta
+    assert torch.ops.aten.layer_norm.default in {n.target for n in q.graph.nodes}
+
+
 @pytest.mark.slow  # two Inductor compiles
 @pytest.mark.skipif(__import__("vitlab.perf.int8_attention", fromlist=["x"]).int8_attention_unavailable() is not None,
                     reason="int8 attention needs AVX512-VNNI")

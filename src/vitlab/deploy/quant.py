@@ -71,14 +71,15 @@ from ..perf.layernorm_quant import unsupported_inputs as layer_norm_unsupported
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
-__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "OUTPUT_DTYPES", "attention_plan", "calibration_tensor",
-           "input_chw", "layer_norm_quantized_in", "linear_outputs_dtype", "quantize_static", "sdpa_in", "sdpa_int8",
-           "sdpa_math"]
+__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "LAYERNORMS", "OUTPUT_DTYPES", "attention_plan",
+           "calibration_tensor", "input_chw", "layer_norm_quantized_in", "linear_outputs_dtype", "quantize_static",
+           "sdpa_in", "sdpa_int8", "sdpa_math"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
 ATTENTION_DTYPES = ("auto", "fp32", "bf16", "bf16-math", "int8")  # `quantize_static(attention=...)`
 OUTPUT_DTYPES = ("auto", "fp32", "bf16")  # `quantize_static(outputs=...)`
+LAYERNORMS = ("auto", "fused", "inductor")  # `quantize_static(layernorm=...)`
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
@@ -337,8 +338,8 @@ def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torc
 
 
 def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES,
-                    attention: str = "auto", outputs: str = "auto", cpp_wrapper: bool = True,
-                    ) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
+                    attention: str = "auto", outputs: str = "auto", layernorm: str = "auto",
+                    cpp_wrapper: bool = True) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
 
     Args:
@@ -356,6 +357,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             and the LayerNorms stay fp32, as autocast adds a bf16 output to an fp32 residual in fp32), or "auto"
             (`linear_outputs_dtype`: bf16 where bf16 is native and attention is written out or int8, fp32
             elsewhere).
+        layernorm: How each LayerNorm before an int8 linear layer and the quantise of its output run: "fused"
+            (`vitlab::layer_norm_quantized`, one pass; needs AVX-512), "inductor" (Inductor's generated loop), or
+            "auto" (fused where the int8 attention kernel runs, the class it was measured on: AVX512-VNNI without
+            AMX; Inductor's loop elsewhere).
         cpp_wrapper: Have Inductor write the graph's wrapper in C++ (faster calls, slower first call per batch
             size); False keeps its Python wrapper.
 
@@ -375,6 +380,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         raise ValueError(f"static int8 quantises an fp32 model; this one is {ref.dtype}")
     if calib_images < 1:
         raise ValueError(f"calib_images must be >= 1, got {calib_images}")
+    if layernorm not in LAYERNORMS:
+        raise ValueError(f"layernorm must be one of {LAYERNORMS}, got {layernorm!r}")
+    if layernorm == "fused" and (reason := layer_norm_quantized_unavailable()):
+        raise RuntimeError(f"layernorm='fused': {reason}")
     attn_dtype, attn_kernel = attention_plan(attention)
     if attn_kernel == "int8":  # before calibrating: refuse now, not after minutes
         reason = int8_attention_unavailable() or int8_attention_build_error()
@@ -407,9 +416,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             qmodel.meta["attention_kernel"] = "int8"
             ran = "int8"
             int8_attention_quantized_in(qmodel)
-        # the LayerNorm + quantise before qkv and fc1 in one pass: measured on the class the int8 kernel is for
-        if layer_norm_quantized_unavailable() is None and layer_norm_quantized_in(qmodel):
-            qmodel.meta["layernorm_kernel"] = "layer_norm_quantized"
+    fuse_ln = layernorm == "fused" or (layernorm == "auto" and qmodel.meta.get("attention_kernel") == "int8"
+                                       and layer_norm_quantized_unavailable() is None)
+    if fuse_ln and layer_norm_quantized_in(qmodel):  # before qkv and fc1: one pass over each row
+        qmodel.meta["layernorm_kernel"] = "layer_norm_quantized"
     if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
         qmodel.meta["attention_kernel"] = "math"
     sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel
