@@ -231,6 +231,7 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     # head, read for the class token only) left to Inductor
     assert calls.get("vitlab::layer_norm_quantized", 0) == 4, calls
     assert q.meta["layernorm_kernel"] == "layer_norm_quantized"
+    assert "layernorm=layer_norm_quantized" in repr(optimize(model, "int8-static", calib=calib))  # said by the mode
     assert not {"vitlab::int8_attention", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
     # the graph Inductor compiled: the attention writes the codes, no quantise of its output is left
     targets = [n.target for n in q.graph.nodes]

@@ -42,5 +42,6 @@ class OptimizedModel(nn.Module):
         attention = meta.get("attention_dtype")  # int8-static: what attention ran in (and how, when written out)
         kernel = f" ({meta['attention_kernel']})" if attention and meta.get("attention_kernel") else ""
         outputs = f", linear outputs={meta['outputs_dtype']}" if meta.get("outputs_dtype") else ""
+        layernorm = f", layernorm={meta['layernorm_kernel']}" if meta.get("layernorm_kernel") else ""
         return (f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}{kernel}" if attention else "")
-                + outputs)
+                + outputs + layernorm)

@@ -12,7 +12,9 @@ What happens:
    images (`prepare_pt2e`, then `convert_pt2e` puts quantise / dequantise pairs around each annotated op).
 3. `torch.compile` with Inductor's `freezing` turns each dequantise -> linear -> (GELU) pattern into one
    `onednn::qlinear_pointwise` call on pre-packed int8 weights (u8 x s8 -> s32 with AVX512-VNNI here) and fuses
-   the fp32 elementwise work between GEMMs (residual add, LayerNorm, the next quantise) into generated C++ loops.
+   the fp32 elementwise work between GEMMs (residual add, LayerNorm, the next quantise) into generated C++ loops;
+   where the int8 attention runs (below), each LayerNorm + quantise before an int8 GEMM is instead one call of
+   vitlab's `vitlab::layer_norm_quantized` (`layer_norm_quantized_in`, `layernorm=`): one pass over each row.
 
 Attention's QK^T / softmax / AV: Inductor has no int8 batched GEMM (it lowers a quantised `matmul` to dequantise +
 fp32 `bmm`), and torchao's fused int8 SDPA (`torchao.qscaled_dot_product`) has no CPU kernel in the PyPI wheel
