@@ -31,11 +31,17 @@ LAYER_NORM_QUANTIZED = torch.ops.vitlab.layer_norm_quantized.default
 _lib.impl("layer_norm_quantized", native.cpu_fallback(_SOURCE, LAYER_NORM_QUANTIZED), "CompositeExplicitAutograd")
 
 
+def _cpu_lacks() -> str | None:
+    """Why this CPU cannot execute the kernel's instructions (one line), or None."""
+    missing = [f for f in REQUIRED_FLAGS if f not in cpu.cpu_flags()]
+    return f"layer_norm_quantized needs AVX-512; this CPU lacks {', '.join(missing)}" if missing else None
+
+
 def layer_norm_quantized_unavailable() -> str | None:
     """Why the kernel cannot run here (one line: the CPU lacks AVX-512, or the kernel does not build), or None."""
-    missing = [f for f in REQUIRED_FLAGS if f not in cpu.cpu_flags()]
-    if missing:
-        return f"layer_norm_quantized needs AVX-512; this CPU lacks {', '.join(missing)}"
+    lacks = _cpu_lacks()
+    if lacks:
+        return lacks
     try:
         native.load(_SOURCE)
     except RuntimeError as e:
@@ -80,9 +86,9 @@ def layer_norm_quantized(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         RuntimeError: a CPU without AVX-512, or a kernel that does not build here.
     """
     _check(x, weight, bias, eps, out_scale, out_zero_point)
-    missing = [f for f in REQUIRED_FLAGS if f not in cpu.cpu_flags()]
-    if missing:
-        raise RuntimeError(f"layer_norm_quantized needs AVX-512; this CPU lacks {', '.join(missing)}")
+    lacks = _cpu_lacks()
+    if lacks:
+        raise RuntimeError(lacks)
     return LAYER_NORM_QUANTIZED(x, weight, bias, eps, out_scale, out_zero_point)  # type: ignore[no-any-return]
 
 
