@@ -133,6 +133,15 @@ def attention_plan(attention: str = "auto") -> tuple[torch.dtype, str]:
             "bf16-math": (torch.bfloat16, "math"), "int8": (torch.int8, "int8")}[attention]
 
 
+def _recompiled(graph_module: torch.fx.GraphModule, changed: int) -> int:
+    """After a rewrite of `graph_module`'s graph in place: check it and regenerate its code if `changed` nodes were
+    rewritten; returns `changed`."""
+    if changed:
+        graph_module.graph.lint()
+        graph_module.recompile()
+    return changed
+
+
 def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
     """Run every `scaled_dot_product_attention` of an exported graph in `dtype`: its q, k, v (and a floating-point
     mask) cast to it, its output cast back to the dtype it had. Returns how many were changed (in place)."""
@@ -159,10 +168,7 @@ def sdpa_in(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
             back = g.call_function(torch.ops.aten._to_copy.default, (node,), {"dtype": out_dtype})
         node.replace_all_uses_with(back, delete_user_cb=lambda user, back=back: user is not back)
         changed += 1
-    if changed:
-        g.lint()
-        graph_module.recompile()
-    return changed
+    return _recompiled(graph_module, changed)
 
 
 def _plain_sdpa(node: torch.fx.Node) -> tuple[list[torch.Tensor], float, torch.dtype] | None:
@@ -201,10 +207,7 @@ def _rewrite_sdpa(graph_module: torch.fx.GraphModule, build: Callable[..., Any])
         node.replace_all_uses_with(result)
         g.erase_node(node)
         changed += 1
-    if changed:
-        g.lint()
-        graph_module.recompile()
-    return changed
+    return _recompiled(graph_module, changed)
 
 
 def sdpa_math(graph_module: torch.fx.GraphModule, dtype: torch.dtype) -> int:
@@ -282,10 +285,7 @@ def int8_attention_quantized_in(graph_module: torch.fx.GraphModule) -> int:
         for dead in [cur, *reversed(chain), node]:
             g.erase_node(dead)
         changed += 1
-    if changed:
-        g.lint()
-        graph_module.recompile()
-    return changed
+    return _recompiled(graph_module, changed)
 
 
 def layer_norm_quantized_in(graph_module: torch.fx.GraphModule) -> int:
@@ -318,10 +318,7 @@ def layer_norm_quantized_in(graph_module: torch.fx.GraphModule) -> int:
         g.erase_node(q)
         g.erase_node(node)
         changed += 1
-    if changed:
-        g.lint()
-        graph_module.recompile()
-    return changed
+    return _recompiled(graph_module, changed)
 
 
 def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:
