@@ -411,9 +411,9 @@ int run_to(const void* q, const void* k, const void* v, void* out, bool codes, i
 // dtype 0: fp32, 1: bf16 (q, k, v; and out unless codes). codes 1: out is uint8, quantised per tensor with step
 // 1 / out_inv_scale and out_zero_point. Returns 0, or 1 when scratch memory could not be allocated, 2 for bad
 // sizes.
-int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int codes,
-                          float out_inv_scale, int out_zero_point, int64_t B, int64_t H, int64_t N, int64_t D,
-                          const int64_t* st, float scale, int threads) {
+static int vitlab_int8_attention(const void* q, const void* k, const void* v, void* out, int dtype, int codes,
+                                 float out_inv_scale, int out_zero_point, int64_t B, int64_t H, int64_t N,
+                                 int64_t D, const int64_t* st, float scale, int threads) {
   if (N < 1 || D < 16 || D % 16 != 0 || D > 256 || B < 0 || H < 0) return 2;
   const OutQuant oq{out_inv_scale, out_zero_point};
   if (dtype == 0) return run_to<float>(q, k, v, out, codes != 0, B, H, N, D, st, scale, oq, threads);
