@@ -64,7 +64,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     FP32_ATTENTION: {"attention": "fp32"}, "int8-static-bf16flash": {"attention": "bf16"},
     "int8-static-bf16math": {"attention": "bf16-math"}, "int8-static-fp32out": {"outputs": "fp32"},
     "int8-static-bf16out": {"outputs": "bf16"}, PYWRAPPER: {"cpp_wrapper": False},
-    "int8-static-int8attn": {"attention": "int8"}, "int8-static-inductorln": {"layernorm": "inductor"}}
+    "int8-static-int8attn": {"attention": "int8"}, "int8-static-inductorln": {"layernorm": "inductor"},
+    "int8-static-onednn": {"gemm": "onednn"}}
 OV_NNCF_DEFAULT = "openvino-int8-nncf-default"  # NNCF with its default model type (what openvino-int8 was)
 # ONNX Runtime int8 of the TorchScript exporter's graph (`ort_torchscript`)
 ORT_TORCHSCRIPT = {"ort-int8-torchscript": "static", "ort-int8-dynamic-torchscript": "dynamic"}

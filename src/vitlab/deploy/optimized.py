@@ -43,5 +43,6 @@ class OptimizedModel(nn.Module):
         kernel = f" ({meta['attention_kernel']})" if attention and meta.get("attention_kernel") else ""
         outputs = f", linear outputs={meta['outputs_dtype']}" if meta.get("outputs_dtype") else ""
         layernorm = f", layernorm={meta['layernorm_kernel']}" if meta.get("layernorm_kernel") else ""
+        gemm = f", gemm={meta['gemm_kernel']}" if meta.get("gemm_kernel") else ""
         return (f"mode={self.mode!r}, dtype={self.dtype}" + (f", attention={attention}{kernel}" if attention else "")
-                + outputs + layernorm)
+                + outputs + layernorm + gemm)

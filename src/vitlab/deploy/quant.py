@@ -68,20 +68,23 @@ from ..perf.int8_attention import (
     int8_attention_unavailable,
     unsupported_inputs,
 )
+from ..perf.int8_linear import INT8_LINEAR, int8_linear_unavailable, unsupported_weight
+from ..perf.int8_linear import pack as pack_int8_linear
 from ..perf.layernorm_quant import LAYER_NORM_QUANTIZED, layer_norm_quantized_unavailable
 from ..perf.layernorm_quant import unsupported_inputs as layer_norm_unsupported
 from ..utils.extras import require
 from .calibration import calibration_tensor, input_chw  # the one reader of calibration inputs
 
-__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "LAYERNORMS", "OUTPUT_DTYPES", "attention_plan",
-           "calibration_tensor", "input_chw", "layer_norm_quantized_in", "linear_outputs_dtype", "quantize_static",
-           "sdpa_in", "sdpa_int8", "sdpa_math"]
+__all__ = ["ATTENTION_DTYPES", "DEFAULT_CALIB_IMAGES", "GEMMS", "LAYERNORMS", "OUTPUT_DTYPES", "attention_plan",
+           "calibration_tensor", "input_chw", "int8_linears_in", "layer_norm_quantized_in", "linear_outputs_dtype",
+           "quantize_static", "sdpa_in", "sdpa_int8", "sdpa_math"]
 
 DEFAULT_CALIB_IMAGES = 128  # calibration images used at most (the histogram observer's cost grows with them)
 _CALIB_BATCH = 16  # images per calibration forward
 ATTENTION_DTYPES = ("auto", "fp32", "bf16", "bf16-math", "int8")  # `quantize_static(attention=...)`
 OUTPUT_DTYPES = ("auto", "fp32", "bf16")  # `quantize_static(outputs=...)`
 LAYERNORMS = ("auto", "fused", "inductor")  # `quantize_static(layernorm=...)`
+GEMMS = ("auto", "vitlab", "onednn")  # `quantize_static(gemm=...)`
 _SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
@@ -321,6 +324,117 @@ def layer_norm_quantized_in(graph_module: torch.fx.GraphModule) -> int:
     return _recompiled(graph_module, changed)
 
 
+def _static_uint8(node: Any, target: Any) -> bool:
+    """Whether `node` is `target` (quantize_per_tensor / dequantize_per_tensor) with a calibrated (constant) scale and
+    zero point over uint8 [0, 255] codes."""
+    return (isinstance(node, torch.fx.Node) and node.target is target and len(node.args) == 6 and not node.kwargs
+            and isinstance(node.args[1], float) and isinstance(node.args[2], int)
+            and tuple(node.args[3:]) == (0, 255, torch.uint8))
+
+
+def _attr(graph_module: torch.fx.GraphModule, node: Any) -> torch.Tensor | None:
+    """The tensor a get_attr node reads, or None for any other node."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "get_attr"):
+        return None
+    obj: Any = graph_module
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def _identity(node: torch.fx.Node) -> bool:
+    """A dropout that does nothing at inference (p = 0 or not training), as export leaves them in the graph."""
+    if node.target is not torch.ops.aten.dropout.default:
+        return False
+    p, train = (*node.args[1:3], None, None)[:2]
+    return bool(p == 0) or train is False
+
+
+def int8_linears_in(graph_module: torch.fx.GraphModule, out_dtype: torch.dtype) -> int:
+    """Put vitlab's int8 GEMM (`vitlab::int8_linear`, `vitlab.perf.int8_linear`) in place of each static int8 linear
+    layer it takes: `linear(dequantize(uint8 codes), dequantize_per_channel(int8 weight, symmetric), bias)` with out
+    features a multiple of 64, together with what follows it alone (inference dropouts skipped): the erf GELU and/or
+    the uint8 quantise of the next layer's input (fc1), or the residual add (proj, fc2: fp32 out), else the output in
+    `out_dtype` (qkv). The weights are packed now, as buffers of `graph_module` (the int8 originals it no longer reads
+    are dropped). Others (the head's 1000 classes, the patch-embedding conv) stay with oneDNN. Returns how many were
+    put in (in place)."""
+    dq_t = torch.ops.quantized_decomposed.dequantize_per_tensor.default  # registered by torchao's PT2E
+    dq_c = torch.ops.quantized_decomposed.dequantize_per_channel.default
+    quantize = torch.ops.quantized_decomposed.quantize_per_tensor.default
+    g = graph_module.graph
+    changed = 0
+    for node in list(g.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default or node.kwargs:
+            continue
+        x, wdq, bias = (*node.args, None)[:3]
+        if not (_static_uint8(x, dq_t) and isinstance(wdq, torch.fx.Node) and wdq.target is dq_c
+                and len(wdq.args) == 7 and tuple(wdq.args[3:]) == (0, -128, 127, torch.int8) and not wdq.kwargs):
+            continue
+        w, w_scale, w_zp = (_attr(graph_module, a) for a in wdq.args[:3])
+        b = _attr(graph_module, bias) if bias is not None else None
+        if w is None or w_scale is None or w_zp is None or (bias is not None and b is None) or unsupported_weight(w) \
+                or bool(w_zp.any()):
+            continue
+        chain, cur = [node], node  # the linear and what it alone feeds, in order
+        gelu = False
+        while len(cur.users) == 1:
+            nxt = next(iter(cur.users))
+            if _identity(nxt) or (not gelu and nxt.target is torch.ops.aten.gelu.default and len(nxt.args) == 1
+                                  and nxt.kwargs.get("approximate", "none") == "none"):
+                gelu = gelu or nxt.target is torch.ops.aten.gelu.default
+                chain.append(nxt)
+                cur = nxt
+                continue
+            break
+        users = list(cur.users)
+        out_scale, out_zp, residual, dtype = 1.0, 0, None, out_dtype
+        end = cur
+        if len(users) == 1 and _static_uint8(users[0], quantize) and users[0].args[0] is cur:
+            end = users[0]
+            out_scale, out_zp, dtype = float(end.args[1]), int(end.args[2]), torch.uint8
+        elif (len(users) == 1 and users[0].target is torch.ops.aten.add.Tensor and len(users[0].args) == 2
+              and not users[0].kwargs and not gelu):
+            end = users[0]
+            other = end.args[1] if end.args[0] is cur else end.args[0]
+            val = other.meta.get("val") if isinstance(other, torch.fx.Node) else None
+            ours = node.meta.get("val")
+            if other is cur or not (isinstance(val, torch.Tensor) and isinstance(ours, torch.Tensor)
+                                    and val.dtype == torch.float32 and val.shape == ours.shape):
+                end = cur
+            else:
+                residual, dtype = other, torch.float32
+        if end is not cur:
+            chain.append(end)
+        packed = pack_int8_linear(w, w_scale.float(), float(x.args[1]), int(x.args[2]), b)
+        names = []
+        for part, t in zip(packed._fields, packed, strict=True):
+            names.append(f"_int8_linear{changed}_{part}")
+            graph_module.register_buffer(names[-1], t)
+        with g.inserting_before(end):
+            consts = [g.get_attr(n) for n in names]
+            fused = g.call_function(INT8_LINEAR, (x.args[0], *consts, residual, gelu, dtype, out_scale, out_zp))
+        end.replace_all_uses_with(fused)
+        for dead in reversed(chain):
+            g.erase_node(dead)
+        for dead in (x, wdq, *wdq.args[:3], bias):  # what only the linear read (its weight's int8 original too)
+            if isinstance(dead, torch.fx.Node) and not dead.users:
+                if dead.op == "get_attr" and not any(n.op == "get_attr" and n.target == dead.target and n is not dead
+                                                     for n in g.nodes):
+                    _drop_attr(graph_module, str(dead.target))
+                g.erase_node(dead)
+        changed += 1
+    return _recompiled(graph_module, changed)
+
+
+def _drop_attr(graph_module: torch.fx.GraphModule, target: str) -> None:
+    """Delete the (possibly dotted) attribute `target` of `graph_module`: a constant no node reads any more."""
+    owner_path, _, name = target.rpartition(".")
+    owner: Any = graph_module
+    for part in owner_path.split(".") if owner_path else []:
+        owner = getattr(owner, part)
+    delattr(owner, name)
+
+
 def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torch.dtype:
     """The dtype static int8's linear layers write for `quantize_static(outputs=..., attention=...)`: "fp32", "bf16",
     or "auto": bf16 where attention is written out in bf16, or is int8 on a CPU with native bf16
@@ -337,7 +451,7 @@ def linear_outputs_dtype(outputs: str = "auto", attention: str = "auto") -> torc
 
 
 def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT_CALIB_IMAGES,
-                    attention: str = "auto", outputs: str = "auto", layernorm: str = "auto",
+                    attention: str = "auto", outputs: str = "auto", layernorm: str = "auto", gemm: str = "auto",
                     cpp_wrapper: bool = True) -> tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]:
     """Static int8 copy of `model`: PT2E quantisation calibrated on `calib`, compiled by Inductor with freezing.
 
@@ -360,6 +474,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
             (`vitlab::layer_norm_quantized`, one pass; needs AVX-512), "inductor" (Inductor's generated loop), or
             "auto" (fused where the int8 attention kernel runs, the class it was measured on: AVX512-VNNI without
             AMX; Inductor's loop elsewhere).
+        gemm: Whose int8 GEMMs run the linear layers: "vitlab" (`vitlab::int8_linear`, `int8_linears_in`: each with
+            its GELU / next quantise / residual add; needs AVX512-VNNI), "onednn" (Inductor's `qlinear_pointwise`),
+            or "auto" (vitlab's where the int8 attention kernel runs, the class it was measured on: AVX512-VNNI
+            without AMX; oneDNN elsewhere, AMX's tiles among them).
         cpp_wrapper: Have Inductor write the graph's wrapper in C++ (faster calls, slower first call per batch
             size); False keeps its Python wrapper.
 
@@ -383,6 +501,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
         raise ValueError(f"layernorm must be one of {LAYERNORMS}, got {layernorm!r}")
     if layernorm == "fused" and (reason := layer_norm_quantized_unavailable()):
         raise RuntimeError(f"layernorm='fused': {reason}")
+    if gemm not in GEMMS:
+        raise ValueError(f"gemm must be one of {GEMMS}, got {gemm!r}")
+    if gemm == "vitlab" and (reason := int8_linear_unavailable()):
+        raise RuntimeError(f"gemm='vitlab': {reason}")
     attn_dtype, attn_kernel = attention_plan(attention)
     if attn_kernel == "int8":  # before calibrating: refuse now, not after minutes
         reason = int8_attention_unavailable() or int8_attention_build_error()
@@ -419,6 +541,10 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
                                        and layer_norm_quantized_unavailable() is None)
     if fuse_ln and layer_norm_quantized_in(qmodel):  # before qkv and fc1: one pass over each row
         qmodel.meta["layernorm_kernel"] = "layer_norm_quantized"
+    ours = gemm == "vitlab" or (gemm == "auto" and qmodel.meta.get("attention_kernel") == "int8"
+                                and int8_linear_unavailable() is None)
+    if ours and int8_linears_in(qmodel, out_dtype):  # qkv, proj, fc1, fc2: each with its epilogue
+        qmodel.meta["gemm_kernel"] = "int8_linear"
     if attn_kernel == "math" and sdpa_math(qmodel, attn_dtype):
         qmodel.meta["attention_kernel"] = "math"
     sdpa_in(qmodel, attn_dtype)  # any attention left to the flash kernel
