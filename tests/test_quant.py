@@ -52,15 +52,18 @@ def test_static_int8_agrees_with_fp32_and_runs_int8_kernels():
     # very same numbers
     from vitlab.deploy.quant import quantize_static
 
-    _, run_py = quantize_static(model, calib, cpp_wrapper=False)
+    q_py, run_py = quantize_static(model, calib, cpp_wrapper=False)
     assert torch.is_grad_enabled()
     out_py = run_py(x)
     assert not out_py.requires_grad and torch.equal(out_py, out)
     with profile() as prof:
         run_py(x)
     calls = {e.key: e.count for e in prof.key_averages()}
-    # every Linear (qkv, proj, fc1, fc2 per block, and the head) ran as a oneDNN int8 GEMM, none in fp32
-    assert calls.get("onednn::qlinear_pointwise", 0) == 2 * 4 + 1, calls
+    # every Linear (qkv, proj, fc1, fc2 per block, and the head) ran as an int8 GEMM, none in fp32: the block's four
+    # as vitlab's where `gemm="auto"` picks it (the class without AMX where the int8 attention runs), else oneDNN's
+    ours = calls.get("vitlab::int8_linear", 0)
+    assert ours == (2 * 4 if q_py.meta.get("gemm_kernel") == "int8_linear" else 0), calls
+    assert calls.get("onednn::qlinear_pointwise", 0) + ours == 2 * 4 + 1, calls
     assert calls.get("onednn::qconv_pointwise", 0) == 1  # the patch embedding
     assert not {"aten::addmm", "aten::mm", "aten::linear"} & set(calls)
     assert torch.equal(fast(x[:1]), fast(x[:1]))  # another batch size: recompiled, deterministic
@@ -192,6 +195,24 @@ def test_layernorm_choice_is_checked_before_calibrating(monkeypatch):
     assert torch.ops.aten.layer_norm.default in {n.target for n in q.graph.nodes}
 
 
+def test_gemm_choice_is_checked_before_calibrating(monkeypatch):
+    """gemm= takes "auto", "vitlab" or "onednn"; "vitlab" on a CPU without AVX512-VNNI is refused by name before any
+    calibration; "onednn" leaves every linear layer to oneDNN."""
+    from vitlab.deploy import quant
+    from vitlab.perf import cpu
+
+    model = _tiny(depth=1)
+    with pytest.raises(ValueError, match=r"gemm must be one of \('auto', 'vitlab', 'onednn'\), got 'mkl'"):
+        quant.quantize_static(model, torch.randn(2, 3, 32, 32), gemm="mkl")
+    q, _ = quant.quantize_static(model, torch.randn(2, 3, 32, 32), gemm="onednn")
+    assert "gemm_kernel" not in q.meta
+    assert [n.target for n in q.graph.nodes].count(torch.ops.aten.linear.default) == 5
+    monkeypatch.setattr(quant, "int8_linears_in", lambda gm, dtype: pytest.fail("calibrated and rewrote"))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda cpuinfo="": frozenset({"avx2", "fma", "avx512f"}))
+    with pytest.raises(RuntimeError, match="gemm='vitlab': int8_linear needs AVX512-VNNI; this CPU lacks"):
+        quant.quantize_static(model, torch.randn(2, 3, 32, 32), gemm="vitlab")
+
+
 @pytest.mark.slow  # two Inductor compiles
 @pytest.mark.skipif(__import__("vitlab.perf.int8_attention", fromlist=["x"]).int8_attention_unavailable() is not None,
                     reason="int8 attention needs AVX512-VNNI")
@@ -206,7 +227,7 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     assert (q.meta["attention_dtype"], q.meta["attention_kernel"]) == ("int8", "int8")
     out = run(x)
     # the compiled C++ wrapper reaches vitlab's kernels (attention, LayerNorm + quantise) without Python
-    ours = ("int8_attention.py", "layernorm_quant.py", "native.py")
+    ours = ("int8_attention.py", "layernorm_quant.py", "int8_linear.py", "native.py")
     seen: set[str] = set()
     sys.setprofile(lambda frame, event, arg: seen.add(frame.f_code.co_filename) if event == "call" else None)
     try:
@@ -231,7 +252,12 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     # head, read for the class token only) left to Inductor
     assert calls.get("vitlab::layer_norm_quantized", 0) == 4, calls
     assert q.meta["layernorm_kernel"] == "layer_norm_quantized"
-    assert "layernorm=layer_norm_quantized" in repr(optimize(model, "int8-static", calib=calib))  # said by the mode
+    said = repr(optimize(model, "int8-static", calib=calib))
+    assert "layernorm=layer_norm_quantized" in said  # said by the mode
+    # qkv, proj, fc1, fc2 of each block by vitlab's int8 GEMM (gemm="auto" where the int8 attention runs), the head
+    # (10 classes: not a multiple of 64) and the patch embedding by oneDNN
+    assert calls.get("vitlab::int8_linear", 0) == 2 * 4 and calls.get("onednn::qlinear_pointwise", 0) == 1, calls
+    assert q.meta["gemm_kernel"] == "int8_linear" and "gemm=int8_linear" in said
     assert not {"vitlab::int8_attention", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
     # the graph Inductor compiled: the attention writes the codes, no quantise of its output is left
     targets = [n.target for n in q.graph.nodes]
@@ -293,7 +319,9 @@ def test_static_int8_with_bf16_outputs_keeps_int8_gemms_and_agrees():
     with torch.no_grad(), profile() as prof:
         run16(x)
     calls = {e.key: e.count for e in prof.key_averages()}
-    assert calls.get("onednn::qlinear_pointwise", 0) == 2 * 4 + 1, calls
+    ours = calls.get("vitlab::int8_linear", 0)
+    assert ours == (2 * 4 if q16.meta.get("gemm_kernel") == "int8_linear" else 0), calls
+    assert calls.get("onednn::qlinear_pointwise", 0) + ours == 2 * 4 + 1, calls
     assert not {"aten::addmm", "aten::mm", "aten::linear"} & set(calls)
 
 
