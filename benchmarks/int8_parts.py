@@ -5,7 +5,9 @@ forward (ours, `int8-static`) and ONNX Runtime's best int8 timed in the same run
 
 Parts, as the compiled graph runs them (`vitlab.deploy.quant`): the four int8 GEMMs of a block through
 `onednn::qlinear_pointwise` with the epilogue each has in the graph (qkv writing bf16, proj and fc2 adding the residual
-in fp32, fc1 with the erf GELU writing uint8 codes), the same GEMMs without epilogue (`torch._int_mm`, s8 x s8 -> s32),
+in fp32, fc1 with the erf GELU writing uint8 codes), the same through vitlab's `vitlab::int8_linear` (what the graph
+runs where the int8 attention does; the sum below takes these then), the same GEMMs without epilogue
+(`torch._int_mm`, s8 x s8 -> s32),
 the fused int8 attention (`vitlab::int8_attention_quantized` on a strided view of a qkv row, as the graph calls it),
 and the two LayerNorm + quantise passes (`vitlab::layer_norm_quantized`; Inductor's loop for the same beside it).
 x 12 blocks, + the patch embedding and head, gives the forward's time if every op ran in the graph as fast as alone;
@@ -34,6 +36,7 @@ from vitlab.deploy import quant
 from vitlab.models.flops import count_flops
 from vitlab.perf import precision
 from vitlab.perf.int8_attention import int8_attention_quantized
+from vitlab.perf.int8_linear import INT8_LINEAR, int8_linear_unavailable, pack
 from vitlab.perf.layernorm_quant import LAYER_NORM_QUANTIZED
 from vitlab.utils.io import write_atomic
 
@@ -62,6 +65,11 @@ def parts(tokens: int, batch: int, dim: int, hidden: int, heads: int) -> dict[st
                          "none", [], "")
         out[name] = median_ms(fn)
         out[name + " (_int_mm)"] = median_ms(partial(torch._int_mm, qx.view(torch.int8), w.t().contiguous()))
+        if int8_linear_unavailable() is None:  # vitlab's GEMM with the same epilogue (`gemm="vitlab"`)
+            p = pack(w, ws, 0.02, 128, bias)
+            ours = {"qkv": (None, False, torch.bfloat16, 1.0, 0), "fc1": (None, True, torch.uint8, 0.05, 128)}.get(
+                name, (resid, False, torch.float32, 1.0, 0))
+            out[name + " (vitlab)"] = median_ms(partial(INT8_LINEAR, qx, *p, *ours))
     d = dim // heads
     qkv = torch.randn(batch, tokens // batch, 3, heads, d, dtype=torch.bfloat16)
     q, kk, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, D) views of the qkv rows
@@ -106,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                                      settle_s=args.pause)
     whole = {k: [t * 1e3 for t in v] for k, v in secs.items()}
     blocks = cfg.depth
-    gemms = sum(part[n] for n in ("qkv", "proj", "fc1", "fc2"))
+    ours = all(n + " (vitlab)" in part for n in ("qkv", "proj", "fc1", "fc2"))  # the graph runs vitlab's GEMMs
+    gemms = sum(part[n + (" (vitlab)" if ours else "")] for n in ("qkv", "proj", "fc1", "fc2"))
     raw = sum(part[n + " (_int_mm)"] for n in ("qkv", "proj", "fc1", "fc2"))
     alone = blocks * (gemms + part["attention"] + 2 * part["layernorm + quantise"])
     med = {k: statistics.median(v) for k, v in whole.items()}

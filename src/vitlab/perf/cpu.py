@@ -44,6 +44,15 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     return platform.processor() or platform.machine() or "unknown cpu"
 
 
+def lacking(required: Collection[str], needs: str) -> str | None:
+    """One line, `needs` and the flags of `required` this CPU lacks ("int8_linear needs AVX512-VNNI; this CPU lacks
+    avx512_vnni"), or None when it has them all: what vitlab's own C++ kernels say before they would run an
+    instruction the CPU does not have."""
+    flags = cpu_flags()
+    missing = [f for f in required if f not in flags]
+    return f"{needs}; this CPU lacks {', '.join(missing)}" if missing else None
+
+
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU has AMX bf16 tiles (Linux: the amx_bf16 flag in /proc/cpuinfo; False elsewhere)."""
     return "amx_bf16" in cpu_flags(cpuinfo)

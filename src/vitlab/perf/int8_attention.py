@@ -42,9 +42,7 @@ _SOURCE = "int8_attention.cpp"  # the kernel, and its registration as the CPU ke
 
 def _cpu_lacks() -> str | None:
     """Why this CPU cannot execute the kernel's instructions (one line), or None."""
-    flags = cpu.cpu_flags()
-    missing = [f for f in REQUIRED_FLAGS if f not in flags]
-    return f"int8 attention needs AVX512-VNNI; this CPU lacks {', '.join(missing)}" if missing else None
+    return cpu.lacking(REQUIRED_FLAGS, "int8 attention needs AVX512-VNNI")
 
 
 def int8_attention_unavailable() -> str | None:

@@ -57,8 +57,7 @@ class PackedLinear(NamedTuple):
 
 def _cpu_lacks() -> str | None:
     """Why this CPU cannot execute the kernel's instructions (one line), or None."""
-    missing = [f for f in REQUIRED_FLAGS if f not in cpu.cpu_flags()]
-    return f"int8_linear needs AVX512-VNNI; this CPU lacks {', '.join(missing)}" if missing else None
+    return cpu.lacking(REQUIRED_FLAGS, "int8_linear needs AVX512-VNNI")
 
 
 def int8_linear_unavailable() -> str | None:

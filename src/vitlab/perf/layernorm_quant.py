@@ -33,8 +33,7 @@ _lib.impl("layer_norm_quantized", native.cpu_fallback(_SOURCE, LAYER_NORM_QUANTI
 
 def _cpu_lacks() -> str | None:
     """Why this CPU cannot execute the kernel's instructions (one line), or None."""
-    missing = [f for f in REQUIRED_FLAGS if f not in cpu.cpu_flags()]
-    return f"layer_norm_quantized needs AVX-512; this CPU lacks {', '.join(missing)}" if missing else None
+    return cpu.lacking(REQUIRED_FLAGS, "layer_norm_quantized needs AVX-512")
 
 
 def layer_norm_quantized_unavailable() -> str | None:
