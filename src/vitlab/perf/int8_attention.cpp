@@ -426,15 +426,8 @@ namespace {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-bool cpu_runs_kernel() {  // the instructions the kernel is compiled for (VITLAB_TARGET)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-}
-
 Tensor attention(Tensor q, Tensor k, Tensor v, double scale, bool codes, double out_scale, int64_t zero_point) {
-  STD_TORCH_CHECK(cpu_runs_kernel(), "int8 attention needs AVX512-VNNI; this CPU lacks it");
+  STD_TORCH_CHECK(vitlab_cpu_avx512_vnni(), "int8 attention needs AVX512-VNNI; this CPU lacks it");
   STD_TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
                   "int8_attention takes (B, heads, N, head_dim) q, k, v");
   for (int64_t i = 0; i < 4; ++i)

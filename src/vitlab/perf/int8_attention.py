@@ -63,11 +63,8 @@ def int8_attention_unavailable() -> str | None:
 def int8_attention_build_error() -> str | None:
     """Why the kernel does not compile here (one line), or None once it has (compiled on first use: ~10 s, then
     cached on disk by Inductor; `vitlab.perf.native`)."""
-    try:
-        native.load(_SOURCE)
-    except RuntimeError as e:
-        return f"{e}; attention='bf16-math' avoids it"
-    return None
+    error = native.build_error(_SOURCE)
+    return f"{error}; attention='bf16-math' avoids it" if error else None
 
 
 def unsupported_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:

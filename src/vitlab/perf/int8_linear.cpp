@@ -186,16 +186,9 @@ void run(const uint8_t* x, int64_t M, int64_t K, const int8_t* w, const Epilogue
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-bool cpu_runs_kernel() {  // the instructions the kernel is compiled for (VITLAB_TARGET)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("fma");
-}
-
 Tensor int8_linear(Tensor x, Tensor w_packed, Tensor zc, Tensor scale, Tensor bias, std::optional<Tensor> residual,
                    bool gelu, ScalarType out_dtype, double out_scale, int64_t out_zero_point) {
-  STD_TORCH_CHECK(cpu_runs_kernel(), "int8_linear needs AVX512-VNNI; this CPU lacks it");
+  STD_TORCH_CHECK(vitlab_cpu_avx512_vnni(), "int8_linear needs AVX512-VNNI; this CPU lacks it");
   STD_TORCH_CHECK(x.scalar_type() == ScalarType::Byte && x.dim() >= 1, "int8_linear takes uint8 codes x (..., K)");
   STD_TORCH_CHECK(w_packed.scalar_type() == ScalarType::Char && w_packed.dim() == 4 && w_packed.size(2) == kPanel &&
                       w_packed.size(3) == 4,

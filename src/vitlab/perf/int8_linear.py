@@ -62,14 +62,7 @@ def _cpu_lacks() -> str | None:
 
 def int8_linear_unavailable() -> str | None:
     """Why the kernel cannot run here (one line: the CPU lacks AVX512-VNNI, or the kernel does not build), or None."""
-    lacks = _cpu_lacks()
-    if lacks:
-        return lacks
-    try:
-        native.load(_SOURCE)
-    except RuntimeError as e:
-        return str(e)
-    return None
+    return _cpu_lacks() or native.build_error(_SOURCE)
 
 
 def unsupported_weight(weight: torch.Tensor) -> str | None:

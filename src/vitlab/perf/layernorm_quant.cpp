@@ -76,14 +76,8 @@ VITLAB_TARGET void rows(const T* x, int64_t R, int64_t D, const float* w, const 
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
-bool cpu_runs_kernel() {  // the instructions the kernel is compiled for (VITLAB_TARGET)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
-}
-
 Tensor layer_norm_quantized(Tensor x, Tensor weight, Tensor bias, double eps, double out_scale, int64_t zero_point) {
-  STD_TORCH_CHECK(cpu_runs_kernel(), "layer_norm_quantized needs AVX-512 (avx512f/bw/dq/vl); this CPU lacks it");
+  STD_TORCH_CHECK(vitlab_cpu_avx512(), "layer_norm_quantized needs AVX-512 (avx512f/bw/dq/vl); this CPU lacks it");
   STD_TORCH_CHECK(x.dim() >= 1 && x.size(x.dim() - 1) >= 1, "layer_norm_quantized needs a last dimension");
   const int64_t D = x.size(x.dim() - 1);
   const ScalarType dt = x.scalar_type();

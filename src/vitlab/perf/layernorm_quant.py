@@ -38,14 +38,7 @@ def _cpu_lacks() -> str | None:
 
 def layer_norm_quantized_unavailable() -> str | None:
     """Why the kernel cannot run here (one line: the CPU lacks AVX-512, or the kernel does not build), or None."""
-    lacks = _cpu_lacks()
-    if lacks:
-        return lacks
-    try:
-        native.load(_SOURCE)
-    except RuntimeError as e:
-        return str(e)
-    return None
+    return _cpu_lacks() or native.build_error(_SOURCE)
 
 
 def unsupported_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> str | None:

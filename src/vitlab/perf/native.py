@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["cpu_fallback", "load"]
+__all__ = ["build_error", "cpu_fallback", "load"]
 
 _lock = threading.Lock()  # one compile at a time (a server's threads may all ask for a kernel first)
 
@@ -40,13 +40,24 @@ def load(source: str) -> ctypes.CDLL:
         cache: dict[str, Any] = {}  # noqa: RUF012  (as declared by CppCodeCache)
         cpp_compile_command_flags: dict[str, Any] = {"include_pytorch": True}  # noqa: RUF012
 
-    text = importlib.resources.files("vitlab.perf").joinpath(source).read_text(encoding="utf-8")
+    files = importlib.resources.files("vitlab.perf")
+    # native.h (the CPU checks every kernel makes) first, as if each file included it
+    text = files.joinpath("native.h").read_text(encoding="utf-8") + files.joinpath(source).read_text(encoding="utf-8")
     with _lock:
         try:
             return _WithTorch.load(text)  # type: ignore[no-any-return]
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise RuntimeError(f"could not build vitlab's {source} kernels ({type(e).__name__}: {first})") from e
+
+
+def build_error(source: str) -> str | None:
+    """Why `source` does not build or load here (`load`'s one line), or None once it has."""
+    try:
+        load(source)
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def cpu_fallback(source: str, op: Any) -> Callable[..., Any]:
