@@ -103,11 +103,13 @@ VITLAB_TARGET void tile_n(int nr, const uint8_t* A, int64_t lda, const int8_t* B
   }
 }
 
-// C[rows x 16*vecs] = A[rows x 4*ksteps] . B (rows <= kMaxRows), in register tiles of up to kMaxVecs vectors.
+// C[rows x 16*vecs] = A[rows x 4*ksteps] . B (rows <= kMaxRows), in near-equal register tiles of <= kMaxVecs vectors
+// (ViT's 197 tokens: 3 + 3 + 3 + 4 column vectors of scores; 4 + 4 + 4 + 1 was 2% slower).
 VITLAB_TARGET void gemm_rows(int rows, int vecs, const uint8_t* A, int64_t lda, const int8_t* B, int64_t ldb,
                              int ksteps, int32_t* C, int64_t ldc) {
-  for (int n0 = 0; n0 < vecs; n0 += kMaxVecs) {
-    int nr = vecs - n0 < kMaxVecs ? vecs - n0 : kMaxVecs;
+  const int tiles = (vecs + kMaxVecs - 1) / kMaxVecs;
+  for (int t = 0, n0 = 0; t < tiles; n0 += vecs / tiles + (t < vecs % tiles), ++t) {
+    const int nr = vecs / tiles + (t < vecs % tiles);
     const int8_t* Bn = B + n0 * 64;
     int32_t* Cn = C + n0 * 16;
     switch (rows) {
@@ -119,56 +121,21 @@ VITLAB_TARGET void gemm_rows(int rows, int vecs, const uint8_t* A, int64_t lda, 
   }
 }
 
-// One row's scores against 16*NR columns, straight to fp32 (log2 units): x[c] = (a . B[c] + init[c]) * col[c] * row
-// (B packed as in `tile`: [kstep][column][4]); *rmax = max(*rmax, the largest x over the valid columns, `last`
-// masking the final vector). The int32 sums never leave the registers. One row per tile: 13 accumulators, one
-// broadcast per step (measured on Zen 4: faster in this kernel than 2 x 7, 4 x 4, 4 x 5 or 2 x 13 tiles).
-template <int NR>
-VITLAB_TARGET void tile_scores(const uint8_t* a, const int8_t* B, int64_t ldb, int ksteps, const int32_t* init,
-                               const float* col, float row, float* x, __mmask16 last, float* rmax) {
-  __m512i acc[NR];
-  for (int n = 0; n < NR; ++n) acc[n] = _mm512_loadu_si512((const void*)(init + n * 16));
-  for (int kk = 0; kk < ksteps; ++kk) {
-    int32_t a4;
-    std::memcpy(&a4, a + kk * 4, 4);
-    const __m512i a16 = _mm512_set1_epi32(a4);
-    for (int n = 0; n < NR; ++n)
-      acc[n] = _mm512_dpbusd_epi32(acc[n], a16, _mm512_loadu_si512((const void*)(B + kk * ldb + n * 64)));
-  }
+// One row of int32 scores s (`vecs` column vectors) to fp32 in log2 units, in place: x[c] = (s[c] + init[c]) *
+// col[c] * row. Returns the largest x over the valid columns (`last` masks the final vector); a NaN score is left
+// to reach the row sum.
+VITLAB_TARGET float scale_row(int vecs, const int32_t* s, const int32_t* init, const float* col, float row, float* x,
+                              __mmask16 last) {
   const __m512 r = _mm512_set1_ps(row);
   __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (int n = 0; n < NR; ++n) {
-    __m512 xn = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[n]), _mm512_loadu_ps(col + n * 16)), r);
+  for (int n = 0; n < vecs; ++n) {
+    const __m512i a = _mm512_add_epi32(_mm512_loadu_si512((const void*)(s + n * 16)),
+                                       _mm512_loadu_si512((const void*)(init + n * 16)));
+    const __m512 xn = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(col + n * 16)), r);
     _mm512_storeu_ps(x + n * 16, xn);
-    mx = n + 1 < NR ? _mm512_max_ps(mx, xn) : _mm512_mask_max_ps(mx, last, mx, xn);
+    mx = n + 1 < vecs ? _mm512_max_ps(mx, xn) : _mm512_mask_max_ps(mx, last, mx, xn);
   }
-  const float m = _mm512_reduce_max_ps(mx);
-  if (m > *rmax) *rmax = m;  // a NaN score is left to reach the row sum
-}
-
-constexpr int kScoreVecs = 13;  // column vectors per score tile at most (ViT's 197 tokens: 13, one tile)
-
-// One row's scores against all `vecs` column vectors, in near-equal tiles of <= kScoreVecs vectors.
-VITLAB_TARGET void scores_row(int vecs, const uint8_t* a, const int8_t* B, int64_t ldb, int ksteps,
-                              const int32_t* init, const float* col, float row, float* x, __mmask16 tail,
-                              float* rmax) {
-  const int tiles = (vecs + kScoreVecs - 1) / kScoreVecs;
-  for (int t = 0, n0 = 0; t < tiles; ++t) {
-    const int nr = (vecs - n0) / (tiles - t);
-    const __mmask16 last = n0 + nr == vecs ? tail : __mmask16(0xffff);
-    const int8_t* Bn = B + n0 * 64;
-    const int32_t* In = init + n0 * 16;
-    const float* Cn = col + n0 * 16;
-    float* Xn = x + n0 * 16;
-#define VITLAB_SCORES(k) case k: tile_scores<k>(a, Bn, ldb, ksteps, In, Cn, row, Xn, last, rmax); break;
-    switch (nr) {
-      VITLAB_SCORES(1) VITLAB_SCORES(2) VITLAB_SCORES(3) VITLAB_SCORES(4) VITLAB_SCORES(5) VITLAB_SCORES(6)
-      VITLAB_SCORES(7) VITLAB_SCORES(8) VITLAB_SCORES(9) VITLAB_SCORES(10) VITLAB_SCORES(11) VITLAB_SCORES(12)
-      default: VITLAB_SCORES(13)
-    }
-#undef VITLAB_SCORES
-    n0 += nr;
-  }
+  return _mm512_reduce_max_ps(mx);
 }
 
 // Quantisation step for values of largest magnitude `amax`: amax / 127 (1 for an all-zero row, so it stays zero;
@@ -339,12 +306,15 @@ VITLAB_TARGET void one_head(const T* q, int64_t qs, const T* k, int64_t ks, cons
   for (int64_t i0 = 0; i0 < N; i0 += kMaxRows) {
     int rows = int(N - i0 < kMaxRows ? N - i0 : kMaxRows);
     for (int64_t i = i0 + kMaxRows; i < i0 + 2 * kMaxRows && i < N; ++i) prefetch_row<TO, true>(out + i * os, D);
+    // x = log2(e) * scale * q.k for the rows (the steps of q carry scale and log2(e)): int32 in x's memory, then
+    // fp32 in place
+    gemm_rows(rows, vecs_s, sc.q8 + i0 * D, D, sc.kp, Nv * 4, ksteps_qk, reinterpret_cast<int32_t*>(sc.x), Nv);
     for (int m = 0; m < rows; ++m) {
-      // x = log2(e) * scale * q.k (the steps of q carry scale and log2(e)), then its softmax as uint8
+      // the row's softmax as uint8
       const float* xrow = sc.x + m * Nv;
-      float rmax = -INFINITY;
-      scores_row(vecs_s, sc.q8 + (i0 + m) * D, sc.kp, Nv * 4, ksteps_qk, sc.kc, sc.sk, sc.sq[i0 + m], sc.x + m * Nv,
-                 tail ? tail : __mmask16(0xffff), &rmax);
+      float rmax = scale_row(vecs_s, reinterpret_cast<const int32_t*>(xrow), sc.kc, sc.sk, sc.sq[i0 + m],
+                             sc.x + m * Nv, tail ? tail : __mmask16(0xffff));
+      if (!(rmax > -INFINITY)) rmax = -INFINITY;  // a NaN max: the NaN scores reach the row sum instead
       int64_t j = 0;
       const __m512 shift = _mm512_sub_ps(_mm512_set1_ps(rmax), to255);
       __m512 sum = _mm512_setzero_ps();
