@@ -74,8 +74,35 @@ def test_gelu_is_torchs_erf_gelu():
     codes = int8_linear(x, packed, gelu=True, out_dtype=torch.uint8, out_scale=0.03, out_zero_point=10)
     diff = (codes.int() - _codes(ref, 0.03, 10).int()).abs()
     assert diff.max() <= 1 and diff.float().mean() < 1e-3
-    nan = int8_linear(x[:6], packed, torch.full((6, 512), float("nan")))  # NaN in, NaN out
-    assert nan.isnan().all()
+    nan = torch.full((6, 512), float("nan"))
+    assert int8_linear(x[:6], packed, nan).isnan().all()  # NaN in, NaN out (fp32 and bf16); codes 0
+    assert int8_linear(x[:6], packed, nan, out_dtype=torch.bfloat16).isnan().all()
+    assert (int8_linear(x[:6], packed, nan, out_dtype=torch.uint8, out_scale=0.03, out_zero_point=10) == 0).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_outputs_do_not_depend_on_how_the_work_is_shared(threads):
+    """Each output tile is one work item's, whichever thread takes it (its own share, or another's left over):
+    bitwise the same on 1, 3 or 5 threads as on 2, in every epilogue; shapes with few panels (rows cut in chunks)
+    and many."""
+    before = torch.get_num_threads()
+    for m, k, n in ((197, 768, 2304), (197, 3072, 128), (13, 64, 64)):
+        x, w, w_scale, bias = _layer(m, k, n, seed=n)
+        packed = pack(w, w_scale, 0.02, 120, bias)
+        resid = torch.randn(m, n)
+        calls = (partial(int8_linear, x, packed), partial(int8_linear, x, packed, resid),
+                 partial(int8_linear, x, packed, out_dtype=torch.bfloat16),
+                 partial(int8_linear, x, packed, gelu=True, out_dtype=torch.uint8, out_scale=0.05, out_zero_point=7))
+        try:
+            torch.set_num_threads(2)
+            ref = [f() for f in calls]
+            torch.set_num_threads(threads)
+            for _ in range(3):
+                for f, r in zip(calls, ref, strict=True):
+                    assert torch.equal(f(), r)
+        finally:
+            torch.set_num_threads(before)
 
 
 @needs_kernel
