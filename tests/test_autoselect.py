@@ -208,3 +208,28 @@ def test_agreement_counts_a_near_tie_of_the_reference_but_not_a_changed_answer()
     assert autoselect.agreement(_Fixed(worst), ref, images, 3) == 0.0
     flat = torch.zeros(3, 4)  # a reference with no preference (zero head): any pick is its answer
     assert autoselect.agreement(_Fixed(worst), flat, images, 3) == 1.0
+
+
+def test_agreement_allows_a_flip_within_the_modes_own_small_noise_and_no_more():
+    """Past TIE, a changed answer still counts as a near-tie where the reference's margin is within NOISE x the mode's
+    own rms logit error on that image, but only when that error is within TIE of the range (a noisy mode gets no
+    more), and never for a wide margin."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(3, 1000, generator=g)
+    ref[:, 0] = ref.max(-1).values + 0.5  # class 0 on top...
+    rng = ref.max(-1).values - ref.min(-1).values  # (3,)
+    ref[:, 1] = ref[:, 0] - torch.tensor([0.015, 0.015, 0.08]) * rng  # ...class 1 1.5%, 1.5% and 8% of the range below
+    images = torch.arange(3.0)[:, None]
+    noise = torch.randn(3, 1000, generator=g)
+    noise /= noise.pow(2).mean(-1, keepdim=True).sqrt()  # rms 1 per image
+
+    def flipped(err: list[float]) -> torch.Tensor:  # ref + noise of rms err * range, and class 1 picked
+        out = ref + noise * (torch.tensor(err) * rng)[:, None]
+        out[:, 1] = out.max(-1).values + 1e-3 * rng
+        return out
+
+    quiet = flipped([0.006, 0.006, 0.006])  # error 0.6% of the range: 3x = 1.8% covers the 1.5% margins, not 8%
+    assert autoselect.agreement(_Fixed(quiet), ref, images, 3) == pytest.approx(2 / 3)
+    loud = flipped([0.03, 0.03, 0.03])  # error 3% of the range: past TIE, so TIE alone applies: no flip is a tie
+    assert autoselect.agreement(_Fixed(loud), ref, images, 3) == 0.0
+    assert autoselect.agreement(_Fixed(ref.clone()), ref, images, 2) == 1.0  # no change, no noise
