@@ -258,6 +258,10 @@ def test_static_int8_with_int8_attention_runs_the_fused_kernel():
     # (10 classes: not a multiple of 64) and the patch embedding by oneDNN
     assert calls.get("vitlab::int8_linear", 0) == 2 * 4 and calls.get("onednn::qlinear_pointwise", 0) == 1, calls
     assert q.meta["gemm_kernel"] == "int8_linear" and "gemm=int8_linear" in said
+    # proj and fc2 of both blocks add the residual stream in their epilogue (fc2's reads proj's fused sum: that add
+    # was once left to Inductor, fc2 writing bf16 for it)
+    gemms = [n for n in q.graph.nodes if n.target is torch.ops.vitlab.int8_linear.default]
+    assert sum(n.args[5] is not None for n in gemms) == 2 * 2, [n.args[5:8] for n in gemms]
     assert not {"vitlab::int8_attention", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu"} & set(calls)
     # the graph Inductor compiled: the attention writes the codes, no quantise of its output is left
     targets = [n.target for n in q.graph.nodes]

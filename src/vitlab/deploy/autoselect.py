@@ -176,12 +176,12 @@ def agreement(fast: nn.Module, logits: torch.Tensor, images: torch.Tensor, batch
     reference's top-1 class, or a class the reference itself scores close enough below its top-1 to be a near-tie
     that any change of summation order or precision may break either way: within `TIE` of that image's logit range
     (max - min), or, where `fast`'s rms logit error on the image is itself within `TIE` of the range, within `NOISE`
-    times that error (independent errors of two classes differ by more than 3 rms on ~2% of pairs). Random-weight models are full
-    of near-ties: ViT-B/16 with random weights and 1000 classes, on 64 Fashion-MNIST images, had its top two fp32
-    logits within 1% of the range on 17% of them; static int8 (rms logit error 0.42-0.76% of the range) picked
-    another class on 5 of 64, at 0.18-1.08% of the range, the last one past `TIE` alone (docs/speed.md). A mode with
-    a larger error gets no more than `TIE`, and a trained model's answers have far wider margins, so a flip there
-    still counts against the mode."""
+    times that error (independent errors of two classes differ by more than 3 rms on ~2% of pairs). Random-weight
+    models are full of near-ties: ViT-B/16 with random weights and 1000 classes, on 64 Fashion-MNIST images, had its
+    top two fp32 logits within 1% of the range on 17% of them; static int8 (rms logit error 0.42-0.76% of the
+    range) picked another class on 5 of 64, at 0.18-1.08% of the range, the last one past `TIE` alone
+    (docs/speed.md). A mode with a larger error gets no more than `TIE`, and a trained model's answers have far wider
+    margins, so a flip there still counts against the mode."""
     same = 0
     for i in range(0, len(images), batch):
         ref = logits[i : i + batch].float()  # (b, classes)

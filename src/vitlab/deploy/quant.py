@@ -416,6 +416,9 @@ def int8_linears_in(graph_module: torch.fx.GraphModule, out_dtype: torch.dtype) 
         with g.inserting_before(end):
             consts = [g.get_attr(n) for n in names]
             fused = g.call_function(INT8_LINEAR, (x.args[0], *consts, residual, gelu, dtype, out_scale, out_zp))
+        val = end.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.dtype == dtype:  # what it computes, as the node it stands for: a
+            fused.meta["val"] = val  # later layer's residual add (fc2's, reading proj's sum) is checked by it
         end.replace_all_uses_with(fused)
         for dead in reversed(chain):
             g.erase_node(dead)
