@@ -7,11 +7,13 @@
    timm fp32 with AVX2 kernels) and ONNX Runtime's dynamic int8 (1.03x there), which is left out where VNNI makes
    the static int8 modes faster. fp32 `compile` is not tried by default. Each skipped mode and its reason is logged
    and returned (`fast.auto_report.skipped`). Explicit `candidates=` are taken as given.
-2. **Cheap first, within a time budget** (`budget_s`, default 120 s): the modes that build in seconds (eager
-   bf16, dynamic int8) first, then those that can win by a wide margin (compiled bf16, static int8: tens of seconds
-   to minutes), then the fp32 runtimes and compile. Before each, its cost is estimated from the fp32 forward time
-   (`_BUILD_COST`, measured for ViT-B/16); one that would not fit in what is left of the budget is skipped and said
-   so (not stored: a later call measures it within its own budget, so the stored list fills up over calls).
+2. **The usual winner first, then cheap first, within a time budget** (`budget_s`, default 120 s): static int8 (the
+   fastest on every CPU class measured, and the one that needs most of the budget), then the modes that build in
+   seconds (eager bf16, dynamic int8), then the others that can win by a wide margin (compiled bf16, the runtimes'
+   calibrated int8: tens of seconds to minutes), then the fp32 runtimes and compile. Before each, its cost is
+   estimated from the fp32 forward time (`_BUILD_COST`, measured for ViT-B/16); one that would not fit in what is
+   left of the budget is skipped and said so (not stored: a later call measures it within its own budget, so the
+   stored list fills up over calls).
 3. **Timed briefly, checked only when it could win**: one warm-up call (the compile modes compile in it), then
    the fastest of up to `_ROUNDS` timed calls (two when one call is slow); a candidate whose warm-up is already
    far slower than the best so far is not timed further. Top-1 agreement with the fp32 model on the first
@@ -62,17 +64,18 @@ _ROUNDS = 3  # timed calls per candidate at most (two when one call takes over _
 _SLOW_CALL_S = 2.0
 _HOPELESS = 2.0  # a warm-up slower than this many times the best median so far ends a candidate's timing
 
-# Every CPU mode in the order tried: the cheap ones (seconds), then those that can win by a wide margin where the
-# CPU has native bf16 / int8 (compiles and calibrations: tens of seconds to minutes), our static int8 first (the
-# winner on every class measured: AMX, Zen 4, AVX2; tried after compile-bf16, it could miss a first call's budget on
-# a 2-core Zen 4: 2026-12-07), then the fp32 runtimes and compile (fast to build, rarely the winner where bf16 or
-# int8 is native). Cost of building, compiling (first call) and warming up, in fp32 forward passes of the example
-# batch (t1) plus seconds, from ViT-B/16 batch 8 at 1 thread on this page's Xeon with AMX (t1 = 2.8 s;
-# docs/speed.md "optimize auto"); the calibrated modes add one forward per 8 calibration images (`_estimate`);
-# int8-static 10 s more since its graph has a C++ wrapper to compile too (ViT-B/16 on 2 Zen 4 cores, 2026-12-07:
-# +7 s with Inductor's kernel cache warm, +22 s cold).
+# Every CPU mode in the order tried: the reference, then our static int8 (the winner on every class measured: AMX,
+# Zen 4, AVX2; it needs most of a first call's budget on a 2-core Zen 4, ~95-107 s of 120 by its estimate for
+# ViT-B/16: tried after compile-bf16 it missed it, and after the seconds that bf16 and dynamic int8 take it still did
+# when the host was slow, 2026-12-07 run ND), then the cheap ones (seconds), then the others that can win by a wide
+# margin where the CPU has native bf16 / int8 (compiles and calibrations: tens of seconds to minutes), then the fp32
+# runtimes and compile (fast to build, rarely the winner where bf16 or int8 is native). Cost of building, compiling
+# (first call) and warming up, in fp32 forward passes of the example batch (t1) plus seconds, from ViT-B/16 batch 8 at
+# 1 thread on this page's Xeon with AMX (t1 = 2.8 s; docs/speed.md "optimize auto"); the calibrated modes add one
+# forward per 8 calibration images (`_estimate`); int8-static 10 s more since its graph has a C++ wrapper to compile
+# too (ViT-B/16 on 2 Zen 4 cores, 2026-12-07: +7 s with Inductor's kernel cache warm, +22 s cold).
 _BUILD_COST: dict[str, tuple[float, float]] = {
-    "fp32": (0.0, 0.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0), "int8-static": (2.0, 45.0),
+    "fp32": (0.0, 0.0), "int8-static": (2.0, 45.0), "bf16": (0.5, 1.0), "int8": (0.5, 1.0),
     "compile-bf16": (3.0, 15.0), "ort-int8-dynamic": (2.0, 20.0), "ort-int8": (4.0, 100.0),
     "openvino-int8": (4.0, 45.0), "openvino": (2.0, 20.0), "ort": (1.0, 10.0), "compile": (3.0, 45.0),
 }
@@ -124,7 +127,8 @@ def plan_candidates(device: torch.device | str = "cpu", flags: Collection[str] |
             Linux x86) nothing is pruned by CPU features.
 
     Returns:
-        (candidates, skipped): candidates in build-cost order, fp32 first; skipped maps mode -> reason.
+        (candidates, skipped): candidates in the order tried (`_BUILD_COST`'s), fp32 first; skipped maps mode ->
+            reason.
     """
     if torch.device(device).type != "cpu":
         return ["fp32", "bf16", "fp16", "compile", "compile-bf16"], {}
