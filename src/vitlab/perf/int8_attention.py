@@ -95,14 +95,9 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 # The ops: their C++ kernels (int8_attention.cpp, registered for the CPU when `native.load` loads it) are what a
 # compiled graph calls, with no Python on the way; the functions below are the Python entry points, which check
 # their inputs first (ValueErrors naming the problem; the C++ kernel checks the same, as RuntimeErrors).
-_lib = torch.library.Library("vitlab", "FRAGMENT")
-_lib.define("int8_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor")
-_lib.define("int8_attention_quantized(Tensor q, Tensor k, Tensor v, float scale, float out_scale, "
-            "int out_zero_point) -> Tensor")
-INT8_ATTENTION = torch.ops.vitlab.int8_attention.default
-INT8_ATTENTION_QUANTIZED = torch.ops.vitlab.int8_attention_quantized.default
-for _op in (INT8_ATTENTION, INT8_ATTENTION_QUANTIZED):  # until the library is loaded: load it, call again
-    _lib.impl(_op._schema.name.split("::")[1], native.cpu_fallback(_SOURCE, _op), "CompositeExplicitAutograd")
+INT8_ATTENTION = native.define_op(_SOURCE, "int8_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor")
+INT8_ATTENTION_QUANTIZED = native.define_op(_SOURCE, "int8_attention_quantized(Tensor q, Tensor k, Tensor v, "
+                                            "float scale, float out_scale, int out_zero_point) -> Tensor")
 
 
 def _check_cpu() -> None:

@@ -30,12 +30,9 @@ PANEL = 64  # output columns per packed panel: N must be a multiple of it
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
 _SOURCE = "int8_linear.cpp"
 
-_lib = torch.library.Library("vitlab", "FRAGMENT")
-_lib.define("int8_linear(Tensor x, Tensor w_packed, Tensor zc, Tensor scale, Tensor bias, Tensor? residual, "
-            "bool gelu, ScalarType out_dtype, float out_scale, int out_zero_point) -> Tensor")
-INT8_LINEAR = torch.ops.vitlab.int8_linear.default
-# until the library is loaded: load it (registering the C++ CPU kernel), then call again
-_lib.impl("int8_linear", native.cpu_fallback(_SOURCE, INT8_LINEAR), "CompositeExplicitAutograd")
+INT8_LINEAR = native.define_op(_SOURCE, "int8_linear(Tensor x, Tensor w_packed, Tensor zc, Tensor scale, "
+                              "Tensor bias, Tensor? residual, bool gelu, ScalarType out_dtype, float out_scale, "
+                              "int out_zero_point) -> Tensor")
 
 
 class PackedLinear(NamedTuple):

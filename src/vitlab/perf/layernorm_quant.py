@@ -23,12 +23,8 @@ __all__ = ["REQUIRED_FLAGS", "layer_norm_quantized", "layer_norm_quantized_unava
 REQUIRED_FLAGS = ("avx512f", "avx512bw", "avx512dq", "avx512vl")  # what the kernel's code uses
 _SOURCE = "layernorm_quant.cpp"
 
-_lib = torch.library.Library("vitlab", "FRAGMENT")
-_lib.define("layer_norm_quantized(Tensor x, Tensor weight, Tensor bias, float eps, float out_scale, "
-            "int out_zero_point) -> Tensor")
-LAYER_NORM_QUANTIZED = torch.ops.vitlab.layer_norm_quantized.default
-# until the library is loaded: load it (registering the C++ CPU kernel), then call again
-_lib.impl("layer_norm_quantized", native.cpu_fallback(_SOURCE, LAYER_NORM_QUANTIZED), "CompositeExplicitAutograd")
+LAYER_NORM_QUANTIZED = native.define_op(_SOURCE, "layer_norm_quantized(Tensor x, Tensor weight, Tensor bias, "
+                                       "float eps, float out_scale, int out_zero_point) -> Tensor")
 
 
 def _cpu_lacks() -> str | None:

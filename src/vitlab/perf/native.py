@@ -7,9 +7,10 @@ call between two GEMMs, measured on a 2-core Zen 4).
                                        # disk by Inductor's C++ builder (the compiler torch.compile uses); loading
                                        # it registers its ops' CPU kernels
 
-The ops themselves (schemas, shape functions, the Python entry points that check their inputs) are defined in the
-modules that own them (`int8_attention`, `layernorm_quant`); `CPU_FALLBACK` is what they register until the library
-is loaded: it loads it, then calls the op again, which now reaches the C++ kernel.
+The ops themselves (shape functions, the Python entry points that check their inputs) are in the modules that own
+them (`int8_attention`, `layernorm_quant`, `int8_linear`), each defining its ops with `define_op(source, schema)`,
+which also registers `cpu_fallback` until the library is loaded: it loads it, then calls the op again, which now
+reaches the C++ kernel.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["build_error", "cpu_fallback", "load"]
+__all__ = ["build_error", "cpu_fallback", "define_op", "load"]
 
 _lock = threading.Lock()  # one compile at a time (a server's threads may all ask for a kernel first)
+_library: Any = None  # the torch.library fragment of namespace "vitlab" the ops are defined in (kept alive here)
 
 
 @functools.cache
@@ -78,3 +80,19 @@ def cpu_fallback(source: str, op: Any) -> Callable[..., Any]:
         return op(*args)
 
     return run
+
+
+def define_op(source: str, schema: str) -> Any:
+    """Define the op `vitlab::<schema>` (e.g. "int8_linear(Tensor x, ...) -> Tensor") whose CPU kernel is in
+    `source`, a C++ file of this package, with `cpu_fallback` as its kernel until that library is loaded; returns
+    its OpOverload (`torch.ops.vitlab.<name>.default`)."""
+    import torch
+
+    global _library
+    if _library is None:
+        _library = torch.library.Library("vitlab", "FRAGMENT")
+    name = schema.split("(", 1)[0]
+    _library.define(schema)
+    op = getattr(torch.ops.vitlab, name).default
+    _library.impl(name, cpu_fallback(source, op), "CompositeExplicitAutograd")
+    return op
