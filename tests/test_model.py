@@ -225,6 +225,46 @@ def test_every_parameter_gets_a_gradient_and_checkpointing_matches():
         torch.testing.assert_close(p.grad, grads[n], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("overrides, rows", [
+    (dict(), 1),  # the class token (Eq. 4)
+    (dict(distilled=True), 2),  # DeiT: class and distillation tokens
+    (dict(reg_tokens=4, no_embed_class=True), 1),  # registers after the class token
+    (dict(pool="gap", class_token=False), None),  # mean pooling reads every token: nothing to leave out
+])
+def test_pruned_last_block_gives_timms_logits_and_runs_the_head_rows_alone(overrides, rows):
+    ours = perturb_(create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, **overrides)).eval()
+    assert ours.head_rows == rows
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        full = ours(x)
+        if not overrides:  # timm's VisionTransformer, every token through every block
+            torch.testing.assert_close(full, _timm_twin(ours)(x), atol=1e-5, rtol=1e-5)
+        shapes = []
+        ours.blocks[-1].register_forward_hook(lambda m, i, out: shapes.append(tuple(out[0].shape)))
+        ours.prune_last_block = True
+        torch.testing.assert_close(ours(x), full, atol=1e-5, rtol=1e-5)
+        T = 16 + ours.num_prefix_tokens
+        assert shapes == [(3, rows or T, 64)]  # the last block computed the head's rows only
+        assert ours.forward_features(x).shape == (3, T, 64)  # features and attention maps keep every token
+        assert ours.forward_attention(x, layers=[-1])[1][2].shape == (3, 4, T, T)
+
+
+def test_pruned_last_block_trains_to_the_same_gradients():
+    """The other tokens' outputs of the last block reach no loss: leaving them out changes no gradient."""
+    model = perturb_(create_model("ViT-Ti/16", **TINY, img_size=32, patch_size=8, distilled=True))
+    model.distilled_training = True
+    x = torch.randn(2, 3, 32, 32)
+    grads = []
+    for prune in (False, True):
+        model.zero_grad()
+        model.prune_last_block = prune
+        cls, dist = model(x)
+        (cls.square().mean() + dist.abs().mean()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for n, g in grads[0].items():
+        torch.testing.assert_close(grads[1][n], g, atol=1e-6, rtol=1e-5)
+
+
 def test_sincos2d_closed_form_and_model():
     pe = sincos_2d(3, 4, 8)  # D/4 = 2 frequencies: omega = [1, 1/10000]
     assert pe.shape == (12, 8)

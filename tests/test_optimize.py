@@ -40,6 +40,8 @@ def test_eager_modes_agree_with_fp32(mode):
     assert (out.argmax(1) == ref.argmax(1)).float().mean() >= 0.8
     for k, v in model.state_dict().items():  # the original model is untouched
         assert v.dtype == torch.float32 and torch.equal(v, before[k])
+    # the copy's last block runs for the class token alone (fp32 stays the reference), the original's for all
+    assert fast.module.prune_last_block == (mode != "fp32") and not model.prune_last_block
 
 
 def test_int8_really_quantises_the_linears():

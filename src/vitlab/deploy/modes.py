@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.vit import VisionTransformer
 from . import runtimes
 from .calibration import calibration_tensor, input_chw
 from .optimized import OptimizedModel
@@ -53,7 +54,7 @@ def build_mode(model: nn.Module, mode: str, *, dynamic: bool | None = None, cali
     device = ref.device if ref is not None else torch.device("cpu")
     if mode in RUNTIME_MODES:
         return _runtime(model, mode, calib, example, device)
-    m = copy.deepcopy(model).eval().requires_grad_(False)
+    m = inference_copy(model, prune=mode != "fp32")  # fp32 stays the unchanged reference
     if mode == "int8":
         return OptimizedModel(_quantize_int8(m, device), mode, torch.float32)
     if mode == "int8-static":
@@ -67,6 +68,17 @@ def build_mode(model: nn.Module, mode: str, *, dynamic: bool | None = None, cali
         compiled = torch.compile(m, dynamic=dynamic, options=options)
         return OptimizedModel(m, mode, dtype, compiled)
     return OptimizedModel(m, mode, dtype)
+
+
+def inference_copy(model: nn.Module, prune: bool = True) -> nn.Module:
+    """A copy of `model` for a speed mode: in eval mode, without gradients, and (`prune`) for a `VisionTransformer`
+    whose head reads the leading tokens alone, with `prune_last_block` on: its last block runs for those tokens only
+    (their keys and values still come from every token). The logits are the same up to rounding; ViT-B/16 does ~6%
+    less work (1.06-1.07x with int8-static on a 2-core Zen 4, docs/speed.md)."""
+    m = copy.deepcopy(model).eval().requires_grad_(False)
+    if prune and isinstance(m, VisionTransformer) and m.head_rows is not None:
+        m.prune_last_block = True
+    return m
 
 
 def example_batch(model: nn.Module, calib: Any, example: torch.Tensor | None, batch: int = 8) -> torch.Tensor:
@@ -90,7 +102,7 @@ def _runtime(model: nn.Module, mode: str, calib: Any, example: torch.Tensor | No
     if device.type != "cpu":
         raise RuntimeError(f"mode {mode!r} runs on the CPU only (the model is on {device}); move it with .cpu()")
     x = example_batch(model, calib, example)
-    m = copy.deepcopy(model).eval().requires_grad_(False)
+    m = inference_copy(model)
     if mode == "ort-int8-dynamic":
         fast = runtimes.to_onnxruntime(m, x, int8=True, method="dynamic")
         fast.mode = mode

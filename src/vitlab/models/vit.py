@@ -77,19 +77,24 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.embed_dim, cfg.embed_dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, return_attn: bool = False,
+                rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, N, D) tokens -> (B, N, D), or (B, rows, D) with `rows`: only the first `rows` tokens' queries (they
+        still attend to all N); with `return_attn` also the attention weights (B, heads, N or rows, N)."""
         B, N, D = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)  # each (B, heads, N, hd)
         if self.rope is not None:  # rotary position embeddings (vitlab.models.rope); the paper's ViT: no
             q, k = self.rope(q, k)
+        if rows is not None:
+            q = q[:, :, :rows]  # (B, heads, rows, hd)
         attn = None
         if return_attn or _explicit_is_faster(q):  # maps asked for, or bf16 training on a CPU (docs/speed.md)
             attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
             out = F.dropout(attn, self.attn_drop, self.training) @ v  # attn: (B, heads, N, N)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        out = out.transpose(1, 2).reshape(B, N, D)  # (B, N, D): heads concatenated
+        out = out.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, N, D): heads concatenated
         return self.proj_drop(self.proj(out)), attn if return_attn else None
 
 
@@ -138,8 +143,13 @@ class Block(nn.Module):
         self.ls2 = LayerScale(D, ls) if ls else nn.Identity()
         self.drop_path = drop_path_rate
 
-    def forward(self, x: torch.Tensor, return_attn: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, attn = self.attn(self.norm1(x), return_attn)
+    def forward(self, x: torch.Tensor, return_attn: bool = False,
+                rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, N, D) -> (B, N, D); with `rows`, the first `rows` tokens' outputs alone, (B, rows, D): the same values
+        as the full block's first rows (each token's MLP and residual are its own; attention reads all N)."""
+        y, attn = self.attn(self.norm1(x), return_attn, rows)
+        if rows is not None:
+            x = x[:, :rows]  # (B, rows, D)
         x = x + drop_path(self.ls1(y), self.drop_path, self.training)  # Eq. 2
         x = x + drop_path(self.ls2(self.mlp(self.norm2(x))), self.drop_path, self.training)  # Eq. 3
         return x, attn
@@ -212,6 +222,10 @@ class VisionTransformer(nn.Module):
         self.head_dist = (nn.Linear(self.num_features, cfg.num_classes) if cfg.num_classes else nn.Identity()) \
             if cfg.distilled else None
         self.distilled_training = False  # DeiT: forward returns (class logits, distillation logits) while training
+        # forward() runs the last block for the tokens the head reads alone (`head_rows`): the same logits with
+        # ~3/4 of one block's work left out; off by default, so hooks and exports see every token (vitlab.optimize
+        # turns it on in its copies)
+        self.prune_last_block = False
         self.init_weights()
 
     # -- Eq. 1 --------------------------------------------------------------------------------------
@@ -237,10 +251,11 @@ class VisionTransformer(nn.Module):
             x = x + pos
         return self.norm_pre(self.pos_drop(x)), grid  # norm_pre: CLIP's ln_pre, else identity
 
-    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run_block(self, block: Block, x: torch.Tensor, return_attn: bool,
+                   rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-            return checkpoint(block, x, return_attn, use_reentrant=False)
-        return block(x, return_attn)
+            return checkpoint(block, x, return_attn, rows, use_reentrant=False)
+        return block(x, return_attn, rows)
 
     # -- Eq. 2-4 ------------------------------------------------------------------------------------
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -280,8 +295,23 @@ class VisionTransformer(nn.Module):
             return cls, dist
         return (cls + dist) / 2
 
+    @property
+    def head_rows(self) -> int | None:
+        """How many leading tokens the head reads: 1 (the class token, Eq. 4), 2 (DeiT's class and distillation
+        tokens), or None when it reads them all (mean pooling, the MAP head)."""
+        if self.head_dist is not None:
+            return 2
+        return 1 if self.cfg.pool == "token" else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        rows = self.head_rows if self.prune_last_block else None
+        if rows is None:
+            return self.forward_head(self.forward_features(x))
+        x, _ = self.embed(x)  # (B, prefix + N, D)
+        for block in self.blocks[:-1]:
+            x, _ = self._run_block(block, x, False)
+        x, _ = self._run_block(self.blocks[-1], x, False, rows)  # (B, rows, D): all tokens' keys and values
+        return self.forward_head(self.norm(x))  # Eq. 4's LN is per token
 
     # -- initialisation as in Google's vit_jax ------------------------------------------------------
     @torch.no_grad()
