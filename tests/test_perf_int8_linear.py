@@ -81,6 +81,26 @@ def test_gelu_is_torchs_erf_gelu():
 
 
 @needs_kernel
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")  # deprecated, still torch's reference
+def test_codes_of_ties_infinities_and_values_past_int32():
+    """uint8 codes as quantize_per_tensor makes them at the edges: ties to even, +inf and values past 2^31 steps to
+    255, -inf and NaN to 0. A zero weight and bias make y the residual itself, exactly."""
+    special = [float("inf"), float("-inf"), float("nan"), 1e30, -1e30, 3e9, -3e9, 2**31 * 0.5, -(2**31) * 0.5]
+    ties = [(k + 0.5) * 0.5 for k in range(-110, 110, 3)]  # y / 0.5 = k + 0.5: halfway between two codes
+    y = torch.tensor(special + ties + [0.1 * k for k in range(-60, 60)], dtype=torch.float32)
+    y = torch.cat([y, torch.zeros(64 * 6 - len(y))]).view(6, 64)
+    packed = pack(torch.zeros(64, 16, dtype=torch.int8), torch.ones(64), 0.1, 3, torch.zeros(64))
+    x = torch.randint(0, 256, (6, 16), dtype=torch.uint8)
+    codes = int8_linear(x, packed, y, out_dtype=torch.uint8, out_scale=0.5, out_zero_point=100)
+    finite = y.isfinite() & (y.abs() < 1e4)
+    assert torch.equal(codes[finite], _codes(y[finite], 0.5, 100))
+    assert torch.equal(codes[finite], torch.quantize_per_tensor(y[finite], 0.5, 100, torch.quint8).int_repr())
+    big = ~finite
+    want = torch.where(y[big] > 0, 255, 0).to(torch.uint8)  # NaN compares False: 0
+    assert torch.equal(codes[big], want)
+
+
+@needs_kernel
 @pytest.mark.parametrize("threads", [1, 3, 5])
 def test_outputs_do_not_depend_on_how_the_work_is_shared(threads):
     """Each output tile is one work item's, whichever thread takes it (its own share, or another's left over):

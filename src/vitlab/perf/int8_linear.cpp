@@ -40,7 +40,7 @@ struct Epilogue {
   bool gelu;
   int kind;              // OutKind
   float inv;             // 1 / out_scale (codes)
-  float zp;              // out zero point (codes)
+  int32_t zp;            // out zero point (codes)
   void* out;             // (M, N) row-major
   int64_t N;
 };
@@ -124,16 +124,16 @@ VITLAB_TARGET inline void store_row(const Epilogue& e, int64_t m, int64_t n, con
     uint16_t* o = static_cast<uint16_t*>(e.out) + at;
     _mm512_storeu_si512(o, _mm512_permutex2var_epi16(r[0], odd, r[1]));
     _mm512_storeu_si512(o + 32, _mm512_permutex2var_epi16(r[2], odd, r[3]));
-  } else {  // quantize_per_tensor's arithmetic (NaN gives 0)
+  } else {  // quantize_per_tensor's arithmetic: clamp(round_half_even(y / out_scale) + zero_point, 0, 255)
     __m512i c[4];
     for (int j = 0; j < 4; ++j) {
-      __m512 v = _mm512_add_ps(_mm512_roundscale_ps(_mm512_mul_ps(y[j], _mm512_set1_ps(e.inv)),
-                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
-                               _mm512_set1_ps(e.zp));
-      v = _mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0f));  // max(NaN, 0) is 0
-      c[j] = _mm512_cvtps_epi32(v);
+      // rounded by the conversion (MXCSR: half to even); capped at 256 first, since past 2^31 it gives INT_MIN.
+      // min(256, NaN) is NaN, which converts to INT_MIN: NaN, -inf and large negatives end at 0 in the packs below
+      const __m512 v = _mm512_min_ps(_mm512_set1_ps(256.0f), _mm512_mul_ps(y[j], _mm512_set1_ps(e.inv)));
+      c[j] = _mm512_add_epi32(_mm512_cvtps_epi32(v), _mm512_set1_epi32(e.zp));
     }
-    // in each 128-bit lane l: dword p holds vector p's columns 4l .. 4l + 3; put them back in column order
+    // packs saturate to int16 and packus to [0, 255]: the clamp. In each 128-bit lane l: dword p holds vector p's
+    // columns 4l .. 4l + 3; put them back in column order
     const __m512i packed = _mm512_packus_epi16(_mm512_packs_epi32(c[0], c[1]), _mm512_packs_epi32(c[2], c[3]));
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     _mm512_storeu_si512(static_cast<uint8_t*>(e.out) + at, _mm512_permutexvar_epi32(order, packed));
@@ -245,7 +245,7 @@ Tensor int8_linear(Tensor x, Tensor w_packed, Tensor zc, Tensor scale, Tensor bi
                    gelu,
                    out_dtype == ScalarType::Float ? kFloat : (out_dtype == ScalarType::BFloat16 ? kBFloat16 : kCodes),
                    float(1.0 / out_scale),
-                   float(out_zero_point),
+                   int32_t(out_zero_point),
                    out.data_ptr(),
                    N};
   run(static_cast<const uint8_t*>(x.data_ptr()), M, K, static_cast<const int8_t*>(w_packed.data_ptr()), e,
