@@ -94,7 +94,7 @@ class Attention(nn.Module):
             out = F.dropout(attn, self.attn_drop, self.training) @ v  # attn: (B, heads, N, N)
         else:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        out = out.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, N, D): heads concatenated
+        out = out.transpose(1, 2).reshape(B, q.shape[2], D)  # (B, N or rows, D): heads concatenated
         return self.proj_drop(self.proj(out)), attn if return_attn else None
 
 
