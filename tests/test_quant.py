@@ -28,7 +28,7 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.slow  # two Inductor compiles (~20-60 s each on 2 busy cores)
-def test_static_int8_agrees_with_fp32_and_runs_int8_kernels():
+def test_static_int8_agrees_with_fp32_and_runs_int8_kernels(monkeypatch):
     model = _tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     calib = torch.randn(32, 3, 32, 32)
@@ -67,7 +67,13 @@ def test_static_int8_agrees_with_fp32_and_runs_int8_kernels():
     assert calls.get("onednn::qlinear_pointwise", 0) + ours == 2 * 4 + 1, calls
     assert calls.get("onednn::qconv_pointwise", 0) == 1  # the patch embedding
     assert not {"aten::addmm", "aten::mm", "aten::linear"} & set(calls)
+    from vitlab.deploy import quant
+
+    entered, real = [], quant._quiet
+    monkeypatch.setattr(quant, "_quiet", lambda: (entered.append(1), real())[1])
+    assert torch.equal(fast(x), out) and not entered  # compiled for this shape: straight to the graph
     assert torch.equal(fast(x[:1]), fast(x[:1]))  # another batch size: recompiled, deterministic
+    assert len(entered) == 1  # compiled once, under the compile settings; then called as it is
     for k, v in model.state_dict().items():  # the original model is untouched
         assert torch.equal(v, before[k])
 

@@ -558,16 +558,25 @@ def quantize_static(model: nn.Module, calib: Any, *, calib_images: int = DEFAULT
     qmodel.meta["outputs_dtype"] = str(out_dtype).removeprefix("torch.")
     compiled = torch.compile(qmodel, dynamic=False)  # one specialised graph per batch size
     mixed = out_dtype == torch.bfloat16
+    built: set[tuple[Any, ...]] = set()  # the input shapes and strides compiled for
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        # freezing: weights become constants, packed once for oneDNN's int8 kernels. Passed as a config patch
-        # around the call, not as torch.compile(options=...), which fails to fake-run onednn.qconv_prepack.
         # No autograd: with grad enabled Inductor would compile a training graph, where freezing does not apply
         # (no packed int8 GEMMs: ViT-B/16 twice as slow).
+        x = x.float()
+        key = (tuple(x.shape), x.stride())
+        if key in built:  # compiled: no config to set, nothing to hide (those two cost ~180 us a call)
+            with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=mixed):
+                return compiled(x).float()  # type: ignore[no-any-return]
+        # freezing: weights become constants, packed once for oneDNN's int8 kernels. Passed as a config patch
+        # around the compiling call, not as torch.compile(options=...), which fails to fake-run
+        # onednn.qconv_prepack.
         with (_quiet(), torch.no_grad(), torch._inductor.config.patch(freezing=True, cpp_wrapper=cpp_wrapper,
                                                                      cpp_wrapper_build_separate=cpp_wrapper),
               torch.autocast("cpu", torch.bfloat16, enabled=mixed)):
-            return compiled(x.float()).float()  # type: ignore[no-any-return]
+            out = compiled(x).float()
+        built.add(key)
+        return out  # type: ignore[no-any-return]
 
     return qmodel, run
 
