@@ -237,6 +237,7 @@ def test_pruned_last_block_gives_timms_logits_and_runs_the_head_rows_alone(overr
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         full = ours(x)
+        features, (_, maps) = ours.forward_features(x), ours.forward_attention(x, layers=[-1])
         if not overrides:  # timm's VisionTransformer, every token through every block
             torch.testing.assert_close(full, _timm_twin(ours)(x), atol=1e-5, rtol=1e-5)
         shapes = []
@@ -245,8 +246,9 @@ def test_pruned_last_block_gives_timms_logits_and_runs_the_head_rows_alone(overr
         torch.testing.assert_close(ours(x), full, atol=1e-5, rtol=1e-5)
         T = 16 + ours.num_prefix_tokens
         assert shapes == [(3, rows or T, 64)]  # the last block computed the head's rows only
-        assert ours.forward_features(x).shape == (3, T, 64)  # features and attention maps keep every token
-        assert ours.forward_attention(x, layers=[-1])[1][2].shape == (3, 4, T, T)
+        # features and attention maps keep every token: the same values as with the flag off
+        assert torch.equal(ours.forward_features(x), features) and features.shape == (3, T, 64)
+        assert torch.equal(ours.forward_attention(x, layers=[-1])[1][2], maps[2]) and maps[2].shape == (3, 4, T, T)
 
 
 def test_pruned_last_block_trains_to_the_same_gradients():
